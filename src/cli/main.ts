@@ -1,0 +1,70 @@
+#!/usr/bin/env node
+import { OutboxConfigError } from "../errors.js";
+import { redactConnectionString, redactSecrets } from "../util/redact.js";
+import { UsageError } from "./args.js";
+import { demoCommand, demoUsage } from "./demo-command.js";
+import { migrateCommand, migrateUsage } from "./migrate-command.js";
+import { triggerCommand, triggerUsage } from "./trigger-command.js";
+
+const commands: Record<string, { run: (argv: string[]) => Promise<number>; usage: string; summary: string }> = {
+  migrate: { run: migrateCommand, usage: migrateUsage, summary: "create or update the outbox schema (--print for SQL)" },
+  trigger: { run: triggerCommand, usage: triggerUsage, summary: "enable/disable the wake-up trigger for plain-SQL producers" },
+  demo: { run: demoCommand, usage: demoUsage, summary: "zero-setup demo on an embedded Postgres" },
+};
+
+const usage = `Usage: outbox-worker <command> [options]
+
+Commands:
+${Object.entries(commands)
+  .map(([name, c]) => `  ${name.padEnd(10)} ${c.summary}`)
+  .join("\n")}
+
+Run "outbox-worker <command> --help" for a command's options.`;
+
+/** Everything a password could hide in, so no error we print can leak it. */
+function secrets(): string[] {
+  const found: string[] = [];
+  for (const raw of [process.env.DATABASE_URL, ...process.argv]) {
+    if (!raw?.includes("://")) continue;
+    try {
+      const url = new URL(raw);
+      if (url.password) found.push(url.password, decodeURIComponent(url.password));
+      const param = url.searchParams.get("password");
+      if (param) found.push(param);
+    } catch {
+      // not a URL: nothing to collect
+    }
+  }
+  if (process.env.PGPASSWORD) found.push(process.env.PGPASSWORD);
+  return found;
+}
+
+async function main(argv: string[]): Promise<number> {
+  const [name, ...rest] = argv;
+  if (!name || name === "-h" || name === "--help" || name === "help") {
+    console.log(usage);
+    return name ? 0 : 2;
+  }
+  const command = commands[name];
+  if (!command) {
+    console.error(`outbox-worker: unknown command "${name}"\n\n${usage}`);
+    return 2;
+  }
+  try {
+    return await command.run(rest);
+  } catch (error) {
+    const message = redactSecrets(redactConnectionString(String((error as Error)?.message ?? error)), secrets());
+    if (error instanceof UsageError) {
+      console.error(`outbox-worker ${name}: ${message}\n\n${command.usage}`);
+      return 2;
+    }
+    if (error instanceof OutboxConfigError) {
+      console.error(`outbox-worker ${name}: invalid ${message}`);
+      return 2;
+    }
+    console.error(`outbox-worker ${name}: ${message}`);
+    return 1;
+  }
+}
+
+process.exitCode = await main(process.argv.slice(2));

@@ -1,0 +1,11 @@
+export { MigrationError, OutboxConfigError, OutboxError, OutboxPayloadError } from "./errors.js";
+export type { MigrateOptions, MigrateResult, MigrationState } from "./migrate/migrator.js";
+export { migrate, migrationState, printMigrations } from "./migrate/migrator.js";
+export { disableNotifyTrigger, enableNotifyTrigger } from "./migrate/notify-trigger.js";
+export type { Publisher, PublisherOptions, PublishItem, PublishOptions } from "./produce/publisher.js";
+export { createPublisher, publish, publishMany } from "./produce/publisher.js";
+export type { QueueDefinition } from "./produce/queue.js";
+export { defineQueue } from "./produce/queue.js";
+export type { Executor } from "./sql/executor.js";
+export { DEFAULT_SCHEMA, outboxNames, validateSchemaName } from "./sql/names.js";
+export { redactConnectionString } from "./util/redact.js";

@@ -1,0 +1,152 @@
+import pg from "pg";
+import { MigrationError } from "../errors.js";
+import { type AppliedMigrationRow, migrationStatements } from "../sql/migrations.js";
+import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
+import { loadMigrationFiles, type MigrationFile, renderMigration } from "./migration-files.js";
+
+export interface MigrateOptions {
+  /** A connection string, a `pg.Pool` (one client is borrowed) or a connected `pg.Client`. */
+  connection: string | pg.Pool | pg.Client;
+  schema?: string;
+  /** Folder of `NNNN_name.sql` files; defaults to the ones shipped with this package. */
+  migrationsDir?: string;
+  /** Told about each migration as it is applied. */
+  onApplied?: (migration: { version: number; name: string }) => void;
+}
+
+export interface MigrateResult {
+  schema: string;
+  applied: { version: number; name: string }[];
+  /** Latest version in the database after the run. */
+  version: number;
+}
+
+interface Session {
+  client: pg.ClientBase;
+  release(): Promise<void>;
+}
+
+async function openSession(connection: MigrateOptions["connection"]): Promise<Session> {
+  if (typeof connection === "string") {
+    const client = new pg.Client({ connectionString: connection, application_name: "outbox-migrate" });
+    await client.connect();
+    return { client, release: () => client.end() };
+  }
+  if (connection instanceof pg.Pool) {
+    const client = await connection.connect();
+    return { client, release: async () => client.release() };
+  }
+  return { client: connection, release: async () => {} };
+}
+
+/** Applied versions must match the files byte for byte; a changed or unknown one stops everything. */
+function checkApplied(files: MigrationFile[], applied: AppliedMigrationRow[], schema: string): void {
+  for (const row of applied) {
+    const file = files.find((f) => f.version === row.version);
+    if (!file) {
+      throw new MigrationError(
+        `schema "${schema}" has migration ${row.version} (${row.name}) that this package does not know: the database is newer than the code`,
+      );
+    }
+    if (file.checksum !== row.checksum) {
+      throw new MigrationError(
+        `migration ${file.name} was changed after it was applied to schema "${schema}" (checksum ${row.checksum.slice(0, 12)} in the database, ${file.checksum.slice(0, 12)} on disk); add a new migration instead of editing an applied one`,
+      );
+    }
+  }
+}
+
+/**
+ * Bring the outbox schema up to date. Each migration runs in its own transaction; the whole run holds an
+ * advisory lock so two processes starting at once apply each file once. Running it again is a no-op.
+ */
+export async function migrate(options: MigrateOptions): Promise<MigrateResult> {
+  const names = outboxNames(options.schema ?? DEFAULT_SCHEMA);
+  const files = await loadMigrationFiles(options.migrationsDir);
+  const sql = migrationStatements(names);
+  const session = await openSession(options.connection);
+  const { client } = session;
+  const applied: MigrateResult["applied"] = [];
+  try {
+    await client.query(sql.lock);
+    try {
+      await client.query(sql.createSchema);
+      await client.query(sql.createTable);
+      const done = (await client.query<AppliedMigrationRow>(sql.applied)).rows;
+      checkApplied(files, done, names.schema);
+      for (const file of files) {
+        if (done.some((row) => row.version === file.version)) continue;
+        await client.query("BEGIN");
+        try {
+          await client.query(renderMigration(file, names));
+          await client.query(sql.record, [file.version, file.name, file.checksum]);
+          await client.query("COMMIT");
+        } catch (error) {
+          await client.query("ROLLBACK").catch(() => {});
+          throw new MigrationError(`migration ${file.name} failed on schema "${names.schema}": ${String(error)}`, {
+            cause: error,
+          });
+        }
+        applied.push({ version: file.version, name: file.name });
+        options.onApplied?.({ version: file.version, name: file.name });
+      }
+    } finally {
+      await client.query(sql.unlock).catch(() => {});
+    }
+  } finally {
+    await session.release();
+  }
+  const version = Math.max(...files.map((f) => f.version));
+  return { schema: names.schema, applied, version };
+}
+
+export interface MigrationState {
+  schema: string;
+  applied: number[];
+  pending: number[];
+  /** True when every shipped migration is applied and none has drifted. */
+  current: boolean;
+}
+
+/** Read-only: which migrations are applied and which are pending. Creates nothing, takes no lock. */
+export async function migrationState(options: Omit<MigrateOptions, "onApplied">): Promise<MigrationState> {
+  const names = outboxNames(options.schema ?? DEFAULT_SCHEMA);
+  const files = await loadMigrationFiles(options.migrationsDir);
+  const sql = migrationStatements(names);
+  const session = await openSession(options.connection);
+  try {
+    const exists = (await session.client.query<{ exists: boolean }>(sql.tableExists)).rows[0]?.exists;
+    const rows = exists ? (await session.client.query<AppliedMigrationRow>(sql.applied)).rows : [];
+    checkApplied(files, rows, names.schema);
+    const applied = rows.map((r) => r.version);
+    const pending = files.map((f) => f.version).filter((v) => !applied.includes(v));
+    return { schema: names.schema, applied, pending, current: pending.length === 0 };
+  } finally {
+    await session.release();
+  }
+}
+
+/**
+ * The SQL `migrate` would run, for teams that apply migrations with their own tool. It also records each
+ * version in the migrations table, so `migrate` later sees them as applied instead of running them twice.
+ */
+export async function printMigrations(options: { schema?: string; migrationsDir?: string } = {}): Promise<string> {
+  const names = outboxNames(options.schema ?? DEFAULT_SCHEMA);
+  const files = await loadMigrationFiles(options.migrationsDir);
+  const sql = migrationStatements(names);
+  const parts = [
+    `-- outbox schema "${names.schema}": ${files.length} migration(s). Each block is one transaction.`,
+    `${sql.createSchema};`,
+    `${sql.createTable};`,
+  ];
+  for (const file of files) {
+    parts.push(
+      `\n-- ${file.name} (sha256 ${file.checksum})`,
+      "BEGIN;",
+      renderMigration(file, names).trimEnd(),
+      `${sql.recordLiteral(file.version, file.name, file.checksum)};`,
+      "COMMIT;",
+    );
+  }
+  return `${parts.join("\n")}\n`;
+}

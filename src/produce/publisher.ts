@@ -1,0 +1,161 @@
+import { z } from "zod";
+import { OutboxConfigError, OutboxPayloadError } from "../errors.js";
+import { type Executor, isExecutor, run } from "../sql/executor.js";
+import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
+import { type InsertedRow, produceStatements } from "../sql/produce.js";
+import { NotifyThrottle } from "./notify-throttle.js";
+import { DEFAULT_MAX_PAYLOAD_BYTES, encodePayload } from "./payload.js";
+import { type QueueDefinition, validateQueueName } from "./queue.js";
+
+export interface PublishOptions {
+  /** Ordering / partition key: messages with the same key are delivered in publish order (engine feature). */
+  key?: string;
+  /** Deliver no earlier than this many milliseconds after the producer's transaction started (server clock). */
+  delayMs?: number;
+  /** Deliver no earlier than this time. Exclusive with `delayMs`. */
+  availableAt?: Date;
+  /** String headers carried with the message, e.g. a W3C `traceparent`. */
+  headers?: Record<string, string>;
+}
+
+export interface PublishItem<P> extends PublishOptions {
+  payload: P;
+}
+
+const publisherOptionsSchema = z.strictObject({
+  schema: z.string().default(DEFAULT_SCHEMA),
+  maxPayloadBytes: z.number().int().positive().default(DEFAULT_MAX_PAYLOAD_BYTES),
+  notify: z
+    .union([
+      z.boolean(),
+      z.strictObject({
+        cooldownMs: z.number().min(0).max(60_000).default(5),
+        connection: z.custom<Executor>(isExecutor, "must be a pg Pool/Client or a Kysely instance").optional(),
+      }),
+    ])
+    .default(true),
+});
+
+export type PublisherOptions = z.input<typeof publisherOptionsSchema>;
+
+const publishOptionsSchema = z
+  .strictObject({
+    key: z.string().min(1).max(1024).optional(),
+    delayMs: z.number().finite().min(0).optional(),
+    availableAt: z.date().refine((d) => !Number.isNaN(d.getTime()), "must be a valid Date").optional(),
+    headers: z.record(z.string(), z.string()).optional(),
+  })
+  .refine((o) => o.delayMs === undefined || o.availableAt === undefined, {
+    message: "give delayMs or availableAt, not both",
+    path: ["availableAt"],
+  });
+
+function describeIssues(error: z.ZodError): string {
+  return error.issues.map((i) => `${i.path.join(".") || "(options)"}: ${i.message}`).join("; ");
+}
+
+type QueueRef<I, O> = QueueDefinition<I, O> | string;
+
+function resolveQueue<I, O>(queue: QueueRef<I, O>): QueueDefinition<I, O> {
+  if (typeof queue === "string") return { name: validateQueueName(queue), schema: undefined };
+  return queue;
+}
+
+export interface Publisher {
+  readonly schema: string;
+  /** Insert one message in the caller's transaction. Returns its id. */
+  publish<I, O>(trx: Executor, queue: QueueRef<I, O>, payload: I, options?: PublishOptions): Promise<string>;
+  /** Insert many messages of one queue in one statement. Returns their ids in input order. */
+  publishMany<I, O>(trx: Executor, queue: QueueRef<I, O>, items: readonly PublishItem<I>[]): Promise<string[]>;
+}
+
+/**
+ * A publisher writes outbox rows through whatever transaction the caller hands it (Kysely or pg), so the
+ * message commits or rolls back with the business row. Nothing is sent until that commit.
+ */
+export function createPublisher(options: PublisherOptions = {}): Publisher {
+  const parsed = publisherOptionsSchema.safeParse(options);
+  if (!parsed.success) {
+    const issue = parsed.error.issues[0];
+    throw new OutboxConfigError(issue?.path.join(".") || "options", issue?.message ?? "invalid");
+  }
+  const config = parsed.data;
+  const names = outboxNames(config.schema);
+  const sql = produceStatements(names);
+  const notify = config.notify === true ? { cooldownMs: 5, connection: undefined } : config.notify;
+  const trailingConnection = notify ? notify.connection : undefined;
+  const throttle = notify
+    ? new NotifyThrottle({
+        cooldownMs: notify.cooldownMs,
+        trailing: trailingConnection
+          ? (queue) => {
+              // A lost hint costs latency only: the worker's poll still finds the rows.
+              run(trailingConnection, sql.notify, [names.channel, queue]).catch(() => {});
+            }
+          : undefined,
+      })
+    : undefined;
+
+  function checkOptions(queue: string, opts: PublishOptions | undefined) {
+    const result = publishOptionsSchema.safeParse(opts ?? {});
+    if (!result.success) throw new OutboxPayloadError(queue, `invalid options: ${describeIssues(result.error)}`);
+    return result.data;
+  }
+
+  return {
+    schema: names.schema,
+
+    async publish(trx, queueRef, payload, opts) {
+      const queue = resolveQueue(queueRef);
+      const o = checkOptions(queue.name, opts);
+      const json = encodePayload(queue as QueueDefinition, payload, config.maxPayloadBytes);
+      const values: unknown[] = [
+        queue.name,
+        json,
+        JSON.stringify(o.headers ?? {}),
+        o.key ?? null,
+        o.availableAt ?? null,
+        o.delayMs ?? 0,
+      ];
+      const wake = throttle?.claim(queue.name) ?? false;
+      const rows = wake
+        ? await run<InsertedRow>(trx, sql.insertOneNotify, [...values, names.channel])
+        : await run<InsertedRow>(trx, sql.insertOne, values);
+      const id = rows[0]?.id;
+      if (id === undefined) throw new Error("outbox insert returned no id");
+      return String(id);
+    },
+
+    async publishMany(trx, queueRef, items) {
+      const queue = resolveQueue(queueRef);
+      if (items.length === 0) return [];
+      const encoded = items.map((item) => {
+        const { payload: _payload, ...itemOptions } = item;
+        const o = checkOptions(queue.name, itemOptions);
+        const payloadJson = encodePayload(queue as QueueDefinition, item.payload, config.maxPayloadBytes);
+        return `{"payload":${payloadJson},"headers":${JSON.stringify(o.headers ?? {})},"key":${JSON.stringify(o.key ?? null)},"available_at":${JSON.stringify(o.availableAt?.toISOString() ?? null)},"delay_ms":${o.delayMs ?? 0}}`;
+      });
+      const batch = `[${encoded.join(",")}]`;
+      const wake = throttle?.claim(queue.name) ?? false;
+      const rows = wake
+        ? await run<InsertedRow>(trx, sql.insertManyNotify, [queue.name, batch, names.channel])
+        : await run<InsertedRow>(trx, sql.insertMany, [queue.name, batch]);
+      if (rows.length !== items.length) throw new Error(`outbox insert returned ${rows.length} ids for ${items.length} rows`);
+      return rows.map((r) => String(r.id));
+    },
+  };
+}
+
+let defaultPublisher: Publisher | undefined;
+
+/** Publish with the default publisher (schema `outbox`, throttled in-transaction wake-ups). */
+export function publish<I, O>(trx: Executor, queue: QueueRef<I, O>, payload: I, options?: PublishOptions) {
+  defaultPublisher ??= createPublisher();
+  return defaultPublisher.publish(trx, queue, payload, options);
+}
+
+/** Batch publish with the default publisher. */
+export function publishMany<I, O>(trx: Executor, queue: QueueRef<I, O>, items: readonly PublishItem<I>[]) {
+  defaultPublisher ??= createPublisher();
+  return defaultPublisher.publishMany(trx, queue, items);
+}

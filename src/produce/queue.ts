@@ -1,0 +1,34 @@
+import type { z } from "zod";
+import { OutboxConfigError } from "../errors.js";
+
+/** A queue and the shape of its payloads. The schema checks payloads at publish and again at delivery. */
+export interface QueueDefinition<Input = unknown, Output = Input> {
+  readonly name: string;
+  readonly schema: z.ZodType<Output, Input> | undefined;
+}
+
+// Queue names travel as NOTIFY payloads and metric labels: keep them short and printable.
+const QUEUE_NAME = /^[A-Za-z0-9][A-Za-z0-9._:/-]*$/;
+export const MAX_QUEUE_NAME_BYTES = 200;
+
+export function validateQueueName(name: unknown, field = "queue"): string {
+  if (typeof name !== "string" || name.length === 0) throw new OutboxConfigError(field, "must be a non-empty string");
+  if (Buffer.byteLength(name) > MAX_QUEUE_NAME_BYTES) {
+    throw new OutboxConfigError(field, `"${name.slice(0, 40)}…" is longer than ${MAX_QUEUE_NAME_BYTES} bytes`);
+  }
+  if (!QUEUE_NAME.test(name)) {
+    throw new OutboxConfigError(
+      field,
+      `${JSON.stringify(name)} may only hold letters, digits and . _ : / - (starting with a letter or digit)`,
+    );
+  }
+  return name;
+}
+
+/** Define a typed queue: `publish` accepts the schema's input type and stores its output. */
+export function defineQueue<S extends z.ZodType>(name: string, schema: S): QueueDefinition<z.input<S>, z.output<S>>;
+/** Define a queue whose payloads are any JSON value. */
+export function defineQueue(name: string): QueueDefinition<unknown, unknown>;
+export function defineQueue(name: string, schema?: z.ZodType): QueueDefinition {
+  return { name: validateQueueName(name), schema };
+}

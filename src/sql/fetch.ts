@@ -1,0 +1,70 @@
+import type { OutboxNames } from "./names.js";
+import { type Statement, statement } from "./executor.js";
+
+/** A leased row, as the fetch statement returns it. */
+export interface LeasedRow {
+  id: string;
+  queue: string;
+  payload: unknown;
+  headers: Record<string, string>;
+  key: string | null;
+  created_at: Date;
+  available_at: Date;
+  acquired_at: Date;
+  lease_expires_at: Date;
+  deliveries_count: number;
+  attempts_count: number;
+  first_attempt_at: Date | null;
+  last_attempt_at: Date | null;
+  last_error: string | null;
+}
+
+/**
+ * Lease up to $2 rows of the queues in $1 whose lease is unset or expired and whose time has come, oldest
+ * first. $3 token, $4 lease TTL in ms, $5 worker id.
+ *
+ * Each branch of "unleased OR lease expired" is its own index scan (messages_ready_idx and
+ * messages_leased_idx), per queue through LATERAL, so the cost follows the batch size and not the backlog:
+ * one `OR` over both branches with `ORDER BY` makes the planner scan and sort every ready row.
+ * SKIP LOCKED lets concurrent workers take disjoint rows without waiting on each other.
+ */
+export function fetchStatement(names: OutboxNames): Statement {
+  const m = names.messages;
+  return statement(
+    "lease",
+    `WITH expired AS (
+  SELECT c.id, c.available_at FROM unnest($1::text[]) AS q(queue)
+  CROSS JOIN LATERAL (
+    SELECT id, available_at FROM ${m}
+    WHERE queue = q.queue AND acquired_token IS NOT NULL AND lease_expires_at <= now()
+    ORDER BY lease_expires_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+  ) AS c
+), ready AS (
+  SELECT c.id, c.available_at FROM unnest($1::text[]) AS q(queue)
+  CROSS JOIN LATERAL (
+    SELECT id, available_at FROM ${m}
+    WHERE queue = q.queue AND acquired_token IS NULL AND available_at <= now()
+    ORDER BY available_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+  ) AS c
+), picked AS (
+  SELECT id FROM (SELECT * FROM expired UNION ALL SELECT * FROM ready) AS candidates
+  ORDER BY available_at, id
+  LIMIT $2
+)
+UPDATE ${m} AS t
+SET acquired_token = $3::uuid,
+    acquired_at = now(),
+    lease_expires_at = now() + $4::double precision * interval '1 millisecond',
+    acquired_by = $5,
+    deliveries_count = t.deliveries_count + 1
+FROM picked
+WHERE t.id = picked.id
+RETURNING t.id, t.queue, t.payload, t.headers, t.key, t.created_at, t.available_at, t.acquired_at,
+          t.lease_expires_at, t.deliveries_count, t.attempts_count, t.first_attempt_at, t.last_attempt_at,
+          t.last_error`,
+  );
+}

@@ -1,0 +1,49 @@
+import type { OutboxNames } from "./names.js";
+import { type Statement, statement } from "./executor.js";
+
+/** Statements a producer runs inside its own transaction. Built once per schema. */
+export interface ProduceStatements {
+  /** $1 queue, $2 payload jsonb, $3 headers jsonb, $4 key, $5 available_at, $6 delay ms → id */
+  insertOne: Statement;
+  /** The same, plus $7 channel: also queues one wake-up notification, delivered at commit. */
+  insertOneNotify: Statement;
+  /** $1 queue, $2 jsonb array of {payload, headers, key, available_at, delay_ms} → ids in input order */
+  insertMany: Statement;
+  /** The same, plus $3 channel. */
+  insertManyNotify: Statement;
+  /** $1 channel, $2 queue: a wake-up outside any producer transaction (the trailing notification). */
+  notify: Statement;
+}
+
+export interface InsertedRow {
+  id: string;
+}
+
+export function produceStatements(names: OutboxNames): ProduceStatements {
+  // Delays are added to the server's clock, never the producer's, so skewed hosts cannot reorder rows.
+  const insertOne = `INSERT INTO ${names.messages} (queue, payload, headers, key, available_at)
+VALUES ($1, $2::jsonb, $3::jsonb, $4, COALESCE($5::timestamptz, now() + $6::double precision * interval '1 millisecond'))
+RETURNING id`;
+  const insertMany = `INSERT INTO ${names.messages} (queue, payload, headers, key, available_at)
+SELECT $1, e.item -> 'payload', e.item -> 'headers', e.item ->> 'key',
+       COALESCE((e.item ->> 'available_at')::timestamptz,
+                now() + (e.item ->> 'delay_ms')::double precision * interval '1 millisecond')
+FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS e(item, ord)
+ORDER BY e.ord
+RETURNING id`;
+  // The notification rides in the same statement (no extra round trip); the one-row subquery makes
+  // pg_notify run once however many rows were inserted.
+  return {
+    insertOne: statement("insert_one", insertOne),
+    insertOneNotify: statement(
+      "insert_one_notify",
+      `WITH ins AS (${insertOne}) SELECT ins.id FROM ins, (SELECT pg_notify($7, $1)) AS wake`,
+    ),
+    insertMany: statement("insert_many", `WITH ins AS (${insertMany}) SELECT id FROM ins ORDER BY id`),
+    insertManyNotify: statement(
+      "insert_many_notify",
+      `WITH ins AS (${insertMany}) SELECT ins.id FROM ins, (SELECT pg_notify($3, $1)) AS wake ORDER BY ins.id`,
+    ),
+    notify: statement("notify", "SELECT pg_notify($1, $2)"),
+  };
+}
