@@ -1,0 +1,122 @@
+import { chmod, mkdtemp, rm, stat } from "node:fs/promises";
+import { request } from "node:http";
+import { homedir, tmpdir } from "node:os";
+import path from "node:path";
+import type { TestProject } from "vitest/node";
+import { startEmbeddedPostgres } from "../../src/embedded/embedded-postgres.js";
+
+declare module "vitest" {
+  export interface ProvidedContext {
+    databaseUrl: string;
+  }
+}
+
+interface TestDatabase {
+  source: string;
+  url: string;
+  stop(): Promise<void>;
+}
+
+export default async function setup({ provide }: TestProject): Promise<() => Promise<void>> {
+  const db = await startTestDatabase();
+  provide("databaseUrl", db.url);
+  console.log(`test database: ${db.source} (${redactUrl(db.url)})`);
+  return () => db.stop();
+}
+
+async function startTestDatabase(): Promise<TestDatabase> {
+  const fromEnv = process.env.DATABASE_URL;
+  if (fromEnv) return { source: "DATABASE_URL", url: fromEnv, stop: async () => {} };
+  if (await dockerAnswers()) return startContainer();
+  return startEmbedded();
+}
+
+async function startContainer(): Promise<TestDatabase> {
+  const { PostgreSqlContainer } = await import("@testcontainers/postgresql");
+  const container = await new PostgreSqlContainer("postgres:16-alpine").start();
+  return {
+    source: "testcontainers postgres:16-alpine",
+    url: container.getConnectionUri(),
+    stop: async () => {
+      await container.stop();
+    },
+  };
+}
+
+async function startEmbedded(): Promise<TestDatabase> {
+  const root = await mkdtemp(path.join(tmpdir(), "outbox-test-pg-"));
+  // As root the server runs as the "postgres" OS user, which must be able to enter this folder.
+  await chmod(root, 0o755);
+  try {
+    const server = await startEmbeddedPostgres({ dataDir: path.join(root, "pgdata") });
+    return {
+      source: "embedded-postgres",
+      url: server.url,
+      stop: async () => {
+        await server.stop();
+        await rm(root, { recursive: true, force: true });
+      },
+    };
+  } catch (err) {
+    await rm(root, { recursive: true, force: true });
+    throw err;
+  }
+}
+
+/** True only when a Docker engine answers /_ping within 2 s; there is often none (CI sandboxes). */
+async function dockerAnswers(): Promise<boolean> {
+  for (const target of dockerTargets()) {
+    if (target.socketPath && !(await exists(target.socketPath))) continue;
+    if (await ping(target)) return true;
+  }
+  return false;
+}
+
+interface DockerTarget {
+  socketPath?: string;
+  host?: string;
+  port?: number;
+}
+
+function dockerTargets(): DockerTarget[] {
+  const dockerHost = process.env.DOCKER_HOST;
+  if (dockerHost) return [parseDockerHost(dockerHost)];
+  const sockets = ["/var/run/docker.sock", path.join(homedir(), ".docker", "run", "docker.sock")];
+  if (process.env.XDG_RUNTIME_DIR) sockets.push(path.join(process.env.XDG_RUNTIME_DIR, "docker.sock"));
+  return sockets.map((socketPath) => ({ socketPath }));
+}
+
+function parseDockerHost(value: string): DockerTarget {
+  if (value.startsWith("unix://")) return { socketPath: value.slice("unix://".length) };
+  const url = new URL(value.replace(/^tcp:/, "http:"));
+  return { host: url.hostname, port: Number(url.port || 2375) };
+}
+
+function ping(target: DockerTarget): Promise<boolean> {
+  return new Promise((resolve) => {
+    const req = request({ ...target, path: "/_ping", timeout: 2_000 }, (res) => {
+      res.resume();
+      resolve(res.statusCode === 200);
+    });
+    req.on("timeout", () => req.destroy());
+    req.on("error", () => resolve(false));
+    req.end();
+  });
+}
+
+function exists(file: string): Promise<boolean> {
+  return stat(file).then(
+    () => true,
+    () => false,
+  );
+}
+
+function redactUrl(url: string): string {
+  try {
+    const parsed = new URL(url);
+    if (parsed.password) parsed.password = "***";
+    return parsed.toString();
+  } catch {
+    return url.replace(/\/\/([^:/@]*):[^@]*@/, "//$1:***@");
+  }
+}
