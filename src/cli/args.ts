@@ -5,11 +5,24 @@ export class UsageError extends Error {
   override name = "UsageError";
 }
 
-export type OptionSpec = Record<string, { type: "string" | "boolean"; short?: string; default?: string | boolean }>;
+export type OptionSpec = Record<
+  string,
+  { type: "string" | "boolean"; short?: string; default?: string | boolean }
+>;
 
-export function parseCommandArgs<T extends OptionSpec>(args: string[], options: T) {
+export interface ParsedArgs {
+  values: Record<string, string | boolean | undefined>;
+  positionals: string[];
+}
+
+export function parseCommandArgs(args: string[], options: OptionSpec): ParsedArgs {
   try {
-    return parseArgs({ args, options: { ...options, help: { type: "boolean", short: "h" } }, allowPositionals: true, strict: true });
+    return parseArgs({
+      args,
+      options: { ...options, help: { type: "boolean", short: "h" } },
+      allowPositionals: true,
+      strict: true,
+    });
   } catch (error) {
     throw new UsageError((error as Error).message);
   }

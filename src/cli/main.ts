@@ -6,11 +6,20 @@ import { demoCommand, demoUsage } from "./demo-command.js";
 import { migrateCommand, migrateUsage } from "./migrate-command.js";
 import { triggerCommand, triggerUsage } from "./trigger-command.js";
 
-const commands: Record<string, { run: (argv: string[]) => Promise<number>; usage: string; summary: string }> = {
-  migrate: { run: migrateCommand, usage: migrateUsage, summary: "create or update the outbox schema (--print for SQL)" },
-  trigger: { run: triggerCommand, usage: triggerUsage, summary: "enable/disable the wake-up trigger for plain-SQL producers" },
-  demo: { run: demoCommand, usage: demoUsage, summary: "zero-setup demo on an embedded Postgres" },
-};
+const commands: Record<string, { run: (argv: string[]) => Promise<number>; usage: string; summary: string }> =
+  {
+    migrate: {
+      run: migrateCommand,
+      usage: migrateUsage,
+      summary: "create or update the outbox schema (--print for SQL)",
+    },
+    trigger: {
+      run: triggerCommand,
+      usage: triggerUsage,
+      summary: "enable/disable the wake-up trigger for plain-SQL producers",
+    },
+    demo: { run: demoCommand, usage: demoUsage, summary: "zero-setup demo on an embedded Postgres" },
+  };
 
 const usage = `Usage: outbox-worker <command> [options]
 
@@ -53,7 +62,10 @@ async function main(argv: string[]): Promise<number> {
   try {
     return await command.run(rest);
   } catch (error) {
-    const message = redactSecrets(redactConnectionString(String((error as Error)?.message ?? error)), secrets());
+    const message = redactSecrets(
+      redactConnectionString(String((error as Error)?.message ?? error)),
+      secrets(),
+    );
     if (error instanceof UsageError) {
       console.error(`outbox-worker ${name}: ${message}\n\n${command.usage}`);
       return 2;

@@ -24,7 +24,9 @@ export async function migrateCommand(argv: string[]): Promise<number> {
     return 0;
   }
   // Checked before anything else, so a hostile name never reaches a connection.
-  const schema = validateSchemaName((values.schema as string | undefined) ?? process.env.OUTBOX_SCHEMA ?? DEFAULT_SCHEMA);
+  const schema = validateSchemaName(
+    (values.schema as string | undefined) ?? process.env.OUTBOX_SCHEMA ?? DEFAULT_SCHEMA,
+  );
   if (values.print) {
     process.stdout.write(await printMigrations({ schema }));
     return 0;

@@ -1,5 +1,9 @@
 import pg from "pg";
-import { disableNotifyTrigger, enableNotifyTrigger, isNotifyTriggerEnabled } from "../migrate/notify-trigger.js";
+import {
+  disableNotifyTrigger,
+  enableNotifyTrigger,
+  isNotifyTriggerEnabled,
+} from "../migrate/notify-trigger.js";
 import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
 import { databaseUrlFrom, parseCommandArgs, UsageError } from "./args.js";
 
@@ -22,14 +26,18 @@ export async function triggerCommand(argv: string[]): Promise<number> {
   if (action !== "enable" && action !== "disable" && action !== "status") {
     throw new UsageError(`expected enable, disable or status, got ${JSON.stringify(action ?? "")}`);
   }
-  const schema = validateSchemaName((values.schema as string | undefined) ?? process.env.OUTBOX_SCHEMA ?? DEFAULT_SCHEMA);
+  const schema = validateSchemaName(
+    (values.schema as string | undefined) ?? process.env.OUTBOX_SCHEMA ?? DEFAULT_SCHEMA,
+  );
   const url = databaseUrlFrom(values["database-url"]);
   if (!url) throw new UsageError("no database: set DATABASE_URL or pass --database-url");
   const client = new pg.Client({ connectionString: url, application_name: "outbox-trigger" });
   await client.connect();
   try {
     if (action === "status") {
-      console.log(`wake-up trigger on "${schema}".messages: ${(await isNotifyTriggerEnabled(client, schema)) ? "enabled" : "disabled"}`);
+      console.log(
+        `wake-up trigger on "${schema}".messages: ${(await isNotifyTriggerEnabled(client, schema)) ? "enabled" : "disabled"}`,
+      );
       return 0;
     }
     await client.query("BEGIN");

@@ -83,9 +83,12 @@ export async function migrate(options: MigrateOptions): Promise<MigrateResult> {
           await client.query("COMMIT");
         } catch (error) {
           await client.query("ROLLBACK").catch(() => {});
-          throw new MigrationError(`migration ${file.name} failed on schema "${names.schema}": ${String(error)}`, {
-            cause: error,
-          });
+          throw new MigrationError(
+            `migration ${file.name} failed on schema "${names.schema}": ${String(error)}`,
+            {
+              cause: error,
+            },
+          );
         }
         applied.push({ version: file.version, name: file.name });
         options.onApplied?.({ version: file.version, name: file.name });
@@ -130,7 +133,9 @@ export async function migrationState(options: Omit<MigrateOptions, "onApplied">)
  * The SQL `migrate` would run, for teams that apply migrations with their own tool. It also records each
  * version in the migrations table, so `migrate` later sees them as applied instead of running them twice.
  */
-export async function printMigrations(options: { schema?: string; migrationsDir?: string } = {}): Promise<string> {
+export async function printMigrations(
+  options: { schema?: string; migrationsDir?: string } = {},
+): Promise<string> {
   const names = outboxNames(options.schema ?? DEFAULT_SCHEMA);
   const files = await loadMigrationFiles(options.migrationsDir);
   const sql = migrationStatements(names);

@@ -19,7 +19,10 @@ export async function disableNotifyTrigger(db: Executor, schema: string = DEFAUL
   await run(db, { name: "", text: sql.drop }, []);
 }
 
-export async function isNotifyTriggerEnabled(db: Executor, schema: string = DEFAULT_SCHEMA): Promise<boolean> {
+export async function isNotifyTriggerEnabled(
+  db: Executor,
+  schema: string = DEFAULT_SCHEMA,
+): Promise<boolean> {
   const sql = triggerStatements(outboxNames(schema));
   const rows = await run<{ exists: boolean }>(db, statement("trigger_exists", sql.exists), []);
   return rows[0]?.exists === true;

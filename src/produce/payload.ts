@@ -22,10 +22,14 @@ export function encodePayload(queue: QueueDefinition, payload: unknown, maxBytes
   } catch (error) {
     throw new OutboxPayloadError(queue.name, `payload is not JSON-serialisable: ${(error as Error).message}`);
   }
-  if (json === undefined) throw new OutboxPayloadError(queue.name, "payload is not JSON-serialisable (undefined)");
+  if (json === undefined)
+    throw new OutboxPayloadError(queue.name, "payload is not JSON-serialisable (undefined)");
   const bytes = Buffer.byteLength(json);
   if (bytes > maxBytes) {
-    throw new OutboxPayloadError(queue.name, `payload is ${bytes} bytes, over the maximum of ${maxBytes} bytes`);
+    throw new OutboxPayloadError(
+      queue.name,
+      `payload is ${bytes} bytes, over the maximum of ${maxBytes} bytes`,
+    );
   }
   return json;
 }

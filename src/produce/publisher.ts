@@ -30,7 +30,9 @@ const publisherOptionsSchema = z.strictObject({
       z.boolean(),
       z.strictObject({
         cooldownMs: z.number().min(0).max(60_000).default(5),
-        connection: z.custom<Executor>(isExecutor, "must be a pg Pool/Client or a Kysely instance").optional(),
+        connection: z
+          .custom<Executor>(isExecutor, "must be a pg Pool/Client or a Kysely instance")
+          .optional(),
       }),
     ])
     .default(true),
@@ -42,7 +44,10 @@ const publishOptionsSchema = z
   .strictObject({
     key: z.string().min(1).max(1024).optional(),
     delayMs: z.number().finite().min(0).optional(),
-    availableAt: z.date().refine((d) => !Number.isNaN(d.getTime()), "must be a valid Date").optional(),
+    availableAt: z
+      .date()
+      .refine((d) => !Number.isNaN(d.getTime()), "must be a valid Date")
+      .optional(),
     headers: z.record(z.string(), z.string()).optional(),
   })
   .refine((o) => o.delayMs === undefined || o.availableAt === undefined, {
@@ -66,7 +71,11 @@ export interface Publisher {
   /** Insert one message in the caller's transaction. Returns its id. */
   publish<I, O>(trx: Executor, queue: QueueRef<I, O>, payload: I, options?: PublishOptions): Promise<string>;
   /** Insert many messages of one queue in one statement. Returns their ids in input order. */
-  publishMany<I, O>(trx: Executor, queue: QueueRef<I, O>, items: readonly PublishItem<I>[]): Promise<string[]>;
+  publishMany<I, O>(
+    trx: Executor,
+    queue: QueueRef<I, O>,
+    items: readonly PublishItem<I>[],
+  ): Promise<string[]>;
 }
 
 /**
@@ -98,7 +107,8 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
 
   function checkOptions(queue: string, opts: PublishOptions | undefined) {
     const result = publishOptionsSchema.safeParse(opts ?? {});
-    if (!result.success) throw new OutboxPayloadError(queue, `invalid options: ${describeIssues(result.error)}`);
+    if (!result.success)
+      throw new OutboxPayloadError(queue, `invalid options: ${describeIssues(result.error)}`);
     return result.data;
   }
 
@@ -140,7 +150,8 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
       const rows = wake
         ? await run<InsertedRow>(trx, sql.insertManyNotify, [queue.name, batch, names.channel])
         : await run<InsertedRow>(trx, sql.insertMany, [queue.name, batch]);
-      if (rows.length !== items.length) throw new Error(`outbox insert returned ${rows.length} ids for ${items.length} rows`);
+      if (rows.length !== items.length)
+        throw new Error(`outbox insert returned ${rows.length} ids for ${items.length} rows`);
       return rows.map((r) => String(r.id));
     },
   };

@@ -12,9 +12,13 @@ const QUEUE_NAME = /^[A-Za-z0-9][A-Za-z0-9._:/-]*$/;
 export const MAX_QUEUE_NAME_BYTES = 200;
 
 export function validateQueueName(name: unknown, field = "queue"): string {
-  if (typeof name !== "string" || name.length === 0) throw new OutboxConfigError(field, "must be a non-empty string");
+  if (typeof name !== "string" || name.length === 0)
+    throw new OutboxConfigError(field, "must be a non-empty string");
   if (Buffer.byteLength(name) > MAX_QUEUE_NAME_BYTES) {
-    throw new OutboxConfigError(field, `"${name.slice(0, 40)}…" is longer than ${MAX_QUEUE_NAME_BYTES} bytes`);
+    throw new OutboxConfigError(
+      field,
+      `"${name.slice(0, 40)}…" is longer than ${MAX_QUEUE_NAME_BYTES} bytes`,
+    );
   }
   if (!QUEUE_NAME.test(name)) {
     throw new OutboxConfigError(
@@ -26,7 +30,10 @@ export function validateQueueName(name: unknown, field = "queue"): string {
 }
 
 /** Define a typed queue: `publish` accepts the schema's input type and stores its output. */
-export function defineQueue<S extends z.ZodType>(name: string, schema: S): QueueDefinition<z.input<S>, z.output<S>>;
+export function defineQueue<S extends z.ZodType>(
+  name: string,
+  schema: S,
+): QueueDefinition<z.input<S>, z.output<S>>;
 /** Define a queue whose payloads are any JSON value. */
 export function defineQueue(name: string): QueueDefinition<unknown, unknown>;
 export function defineQueue(name: string, schema?: z.ZodType): QueueDefinition {

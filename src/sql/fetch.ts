@@ -1,5 +1,5 @@
-import type { OutboxNames } from "./names.js";
 import { type Statement, statement } from "./executor.js";
+import type { OutboxNames } from "./names.js";
 
 /** A leased row, as the fetch statement returns it. */
 export interface LeasedRow {
@@ -26,7 +26,9 @@ export interface LeasedRow {
  * Each branch of "unleased OR lease expired" is its own index scan (messages_ready_idx and
  * messages_leased_idx), per queue through LATERAL, so the cost follows the batch size and not the backlog:
  * one `OR` over both branches with `ORDER BY` makes the planner scan and sort every ready row.
- * SKIP LOCKED lets concurrent workers take disjoint rows without waiting on each other.
+ * SKIP LOCKED lets concurrent workers take disjoint rows without waiting on each other. The picked ids come
+ * back as an array so the UPDATE finds them by primary key: joining the CTE instead lets a generic plan
+ * choose a hash join over a full scan of the table.
  */
 export function fetchStatement(names: OutboxNames): Statement {
   const m = names.messages;
@@ -61,8 +63,7 @@ SET acquired_token = $3::uuid,
     lease_expires_at = now() + $4::double precision * interval '1 millisecond',
     acquired_by = $5,
     deliveries_count = t.deliveries_count + 1
-FROM picked
-WHERE t.id = picked.id
+WHERE t.id = ANY (ARRAY(SELECT id FROM picked))
 RETURNING t.id, t.queue, t.payload, t.headers, t.key, t.created_at, t.available_at, t.acquired_at,
           t.lease_expires_at, t.deliveries_count, t.attempts_count, t.first_attempt_at, t.last_attempt_at,
           t.last_error`,

@@ -1,5 +1,5 @@
-import type { OutboxNames } from "./names.js";
 import { type Statement, statement } from "./executor.js";
+import type { OutboxNames } from "./names.js";
 
 /** Statements a producer runs inside its own transaction. Built once per schema. */
 export interface ProduceStatements {

@@ -71,7 +71,8 @@ export async function listen(url: string, channel: string) {
       const deadline = Date.now() + timeoutMs;
       while (received.length < count) {
         const left = deadline - Date.now();
-        if (left <= 0) throw new Error(`expected ${count} notifications on ${channel}, got ${received.length}`);
+        if (left <= 0)
+          throw new Error(`expected ${count} notifications on ${channel}, got ${received.length}`);
         await new Promise<void>((resolve) => {
           const timer = setTimeout(resolve, left);
           waiters.push(() => {

@@ -1,0 +1,92 @@
+import { randomUUID } from "node:crypto";
+import { beforeAll, describe, expect, it } from "vitest";
+import { run } from "../src/sql/executor.js";
+import { fetchStatement, type LeasedRow } from "../src/sql/fetch.js";
+import { testDatabase } from "./helpers/database.js";
+
+const db = testDatabase("plan");
+const ROWS = 100_000;
+
+/** EXPLAIN the lease statement as the worker runs it (a generic prepared plan, as pg does after 5 runs). */
+async function explain(queues: string[], limit: number): Promise<string> {
+  const client = await db.pool.connect();
+  try {
+    const text = fetchStatement(db.names).text;
+    await client.query("SET plan_cache_mode = force_generic_plan");
+    await client.query(`PREPARE lease(text[], int, uuid, double precision, text) AS ${text}`);
+    await client.query("BEGIN");
+    const { rows } = await client.query(
+      `EXPLAIN (ANALYZE, COSTS OFF) EXECUTE lease('{${queues.join(",")}}', ${limit}, '${randomUUID()}', 30000, 'explain')`,
+    );
+    return rows.map((r) => r["QUERY PLAN"]).join("\n");
+  } finally {
+    // EXPLAIN ANALYZE really leases: roll it back, and leave the pooled connection as we found it.
+    await client.query("ROLLBACK");
+    await client.query("DEALLOCATE lease");
+    await client.query("RESET plan_cache_mode");
+    client.release();
+  }
+}
+
+describe(`the lease statement on ${ROWS} rows`, () => {
+  beforeAll(async () => {
+    await db.migrate();
+    const m = db.names.messages;
+    // 90% queue a, 10% queue b; every 50th row leased, every 500th with an expired lease; some scheduled.
+    await db.pool.query(`
+      INSERT INTO ${m} (queue, payload, available_at)
+      SELECT CASE WHEN g % 10 = 0 THEN 'b' ELSE 'a' END,
+             jsonb_build_object('n', g, 'pad', repeat('x', 80)),
+             CASE WHEN g % 7 = 0 THEN now() + interval '1 hour' ELSE now() - interval '1 minute' END
+      FROM generate_series(1, ${ROWS}) AS g;
+      UPDATE ${m} SET acquired_token = gen_random_uuid(), acquired_at = now(),
+             lease_expires_at = now() + interval '30 seconds', acquired_by = 'other', deliveries_count = 1
+      WHERE id % 50 = 1;
+      UPDATE ${m} SET lease_expires_at = now() - interval '1 second' WHERE id % 500 = 1;
+      ANALYZE ${m};`);
+  }, 120_000);
+
+  it("scans messages_ready_idx for ready rows and messages_leased_idx for expired leases", async () => {
+    for (const queues of [["a"], ["a", "b"]]) {
+      const plan = await explain(queues, 100);
+      expect(plan).toMatch(/Index Scan using messages_ready_idx on messages/);
+      expect(plan).toMatch(/Index Scan using messages_leased_idx on messages/);
+      expect(plan).not.toMatch(/Seq Scan/);
+      expect(plan).not.toMatch(/Bitmap Heap Scan/);
+      // The picked ids join back through the primary key, not a full scan of the table.
+      expect(plan).toMatch(/Index Scan using messages_pkey/);
+    }
+  });
+
+  it("leases expired and ready rows oldest first, never live leases or scheduled rows", async () => {
+    const token = randomUUID();
+    const leased = await run<LeasedRow>(db.pool, fetchStatement(db.names), [
+      ["b"],
+      50,
+      token,
+      30_000,
+      "w-test",
+    ]);
+    expect(leased).toHaveLength(50);
+    const ids = leased.map((r) => Number(r.id));
+    const { rows } = await db.pool.query(
+      `SELECT id, acquired_token, acquired_by, deliveries_count, lease_expires_at > now() + interval '29 seconds' AS fresh
+       FROM ${db.names.messages} WHERE id = ANY($1::bigint[])`,
+      [ids],
+    );
+    for (const row of rows) {
+      expect(row).toMatchObject({ acquired_token: token, acquired_by: "w-test", fresh: true });
+      // Rows taken over from an expired lease count their second delivery.
+      expect(row.deliveries_count).toBe(1);
+    }
+    // Queue b has no expired leases (ids ≡ 1 mod 500 are never multiples of 10), so these are its 50
+    // oldest ready rows: skipping scheduled ones (id % 7 = 0) and live leases.
+    const expected: number[] = [];
+    for (let id = 10; expected.length < 50; id += 10) if (id % 7 !== 0) expected.push(id);
+    expect([...ids].sort((x, y) => x - y)).toEqual(expected);
+    // In queue a, row 1's lease expired: it is taken over in its place in delivery order.
+    const a = await run<LeasedRow>(db.pool, fetchStatement(db.names), [["a"], 5, randomUUID(), 30_000, "w"]);
+    expect(a.map((r) => Number(r.id)).sort((x, y) => x - y)).toEqual([1, 2, 3, 4, 5]);
+    expect(a.find((r) => r.id === "1")?.deliveries_count).toBe(2);
+  });
+});

@@ -1,0 +1,173 @@
+import { mkdtemp, readFile, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import pg from "pg";
+import { beforeAll, describe, expect, it } from "vitest";
+import { MigrationError, OutboxConfigError } from "../src/errors.js";
+import { migrate, migrationState, printMigrations } from "../src/migrate/migrator.js";
+import { testDatabase } from "./helpers/database.js";
+
+const db = testDatabase("mig");
+
+/** A private migrations folder, so a test can add, reorder and edit files. */
+async function migrationsDir(files: Record<string, string>): Promise<string> {
+  const dir = await mkdtemp(path.join(tmpdir(), "outbox-migrations-"));
+  for (const [name, sql] of Object.entries(files)) await writeFile(path.join(dir, name), sql);
+  return dir;
+}
+
+async function tableExists(schema: string, table: string): Promise<boolean> {
+  const { rows } = await db.pool.query("SELECT to_regclass($1) IS NOT NULL AS ok", [`"${schema}".${table}`]);
+  return rows[0].ok;
+}
+
+describe("migrate", () => {
+  beforeAll(() => db.migrate());
+
+  it("creates the tables, view, indexes and records the version", async () => {
+    for (const t of ["messages", "dead_letters", "unprocessed", "schema_migrations"]) {
+      expect(await tableExists(db.schema, t)).toBe(true);
+    }
+    const { rows } = await db.pool.query(`SELECT version, name FROM ${db.names.migrationsTable}`);
+    expect(rows).toEqual([{ version: 1, name: "0001_outbox" }]);
+    const idx = await db.pool.query("SELECT indexname FROM pg_indexes WHERE schemaname = $1 ORDER BY 1", [
+      db.schema,
+    ]);
+    expect(idx.rows.map((r) => r.indexname)).toEqual(
+      expect.arrayContaining(["messages_ready_idx", "messages_leased_idx", "messages_key_idx"]),
+    );
+    const opts = await db.pool.query("SELECT reloptions FROM pg_class WHERE oid = to_regclass($1)", [
+      db.names.messages,
+    ]);
+    expect(opts.rows[0].reloptions).toEqual(expect.arrayContaining(["fillfactor=80"]));
+  });
+
+  it("is a no-op the second time", async () => {
+    const again = await db.migrate();
+    expect(again.applied).toEqual([]);
+    expect(again.version).toBe(1);
+    expect((await migrationState({ connection: db.pool, schema: db.schema })).current).toBe(true);
+  });
+
+  it("enforces the lease CHECK: token, acquired_at and expiry are set together", async () => {
+    await expect(
+      db.pool.query(
+        `INSERT INTO ${db.names.messages} (queue, payload, acquired_token) VALUES ('q', '{}', gen_random_uuid())`,
+      ),
+    ).rejects.toThrow(/messages_lease_complete/);
+  });
+
+  it("applies files in version order, each once, and records them", async () => {
+    const schema = db.freshSchema("order");
+    const dir = await migrationsDir({
+      "0002_second.sql": "INSERT INTO {{schema}}.log VALUES (2);",
+      "0010_tenth.sql": "INSERT INTO {{schema}}.log VALUES (10);",
+      "0001_first.sql": "CREATE TABLE {{schema}}.log (n int); INSERT INTO {{schema}}.log VALUES (1);",
+    });
+    const seen: number[] = [];
+    const result = await migrate({
+      connection: db.url,
+      schema,
+      migrationsDir: dir,
+      onApplied: (m) => seen.push(m.version),
+    });
+    expect(seen).toEqual([1, 2, 10]);
+    expect(result.version).toBe(10);
+    const { rows } = await db.pool.query(`SELECT array_agg(n ORDER BY ctid) AS ns FROM "${schema}".log`);
+    expect(rows[0].ns).toEqual([1, 2, 10]);
+  });
+
+  it("rolls back a failing migration and keeps the earlier ones", async () => {
+    const schema = db.freshSchema("fail");
+    const dir = await migrationsDir({
+      "0001_ok.sql": "CREATE TABLE {{schema}}.a (n int);",
+      "0002_bad.sql": "CREATE TABLE {{schema}}.b (n int); SELECT 1/0;",
+    });
+    await expect(migrate({ connection: db.pool, schema, migrationsDir: dir })).rejects.toThrow(
+      /0002_bad failed.*division by zero/,
+    );
+    expect(await tableExists(schema, "a")).toBe(true);
+    expect(await tableExists(schema, "b")).toBe(false);
+    const state = await migrationState({ connection: db.pool, schema, migrationsDir: dir });
+    expect(state).toMatchObject({ applied: [1], pending: [2], current: false });
+  });
+
+  it("lets many processes start at once: each file runs exactly once", async () => {
+    const schema = db.freshSchema("race");
+    const dir = await migrationsDir({
+      // pg_sleep widens the window in which an unlocked migrator would run the file twice.
+      "0001_slow.sql":
+        "CREATE TABLE {{schema}}.runs (n int); SELECT pg_sleep(0.2); INSERT INTO {{schema}}.runs VALUES (1);",
+      "0002_more.sql": "INSERT INTO {{schema}}.runs VALUES (2);",
+    });
+    const results = await Promise.all(
+      Array.from({ length: 6 }, () => migrate({ connection: db.url, schema, migrationsDir: dir })),
+    );
+    expect(results.flatMap((r) => r.applied.map((a) => a.version)).sort()).toEqual([1, 2]);
+    const { rows } = await db.pool.query(`SELECT count(*)::int AS n FROM "${schema}".runs`);
+    expect(rows[0].n).toBe(2);
+  });
+
+  it("refuses to continue when an applied file changed", async () => {
+    const schema = db.freshSchema("drift");
+    const dir = await migrationsDir({ "0001_a.sql": "CREATE TABLE {{schema}}.a (n int);" });
+    await migrate({ connection: db.pool, schema, migrationsDir: dir });
+    await writeFile(path.join(dir, "0001_a.sql"), "CREATE TABLE {{schema}}.a (n bigint);");
+    await writeFile(path.join(dir, "0002_b.sql"), "CREATE TABLE {{schema}}.b (n int);");
+    const run = migrate({ connection: db.pool, schema, migrationsDir: dir });
+    await expect(run).rejects.toThrow(MigrationError);
+    await expect(migrate({ connection: db.pool, schema, migrationsDir: dir })).rejects.toThrow(
+      /0001_a was changed after it was applied/,
+    );
+    expect(await tableExists(schema, "b")).toBe(false);
+  });
+
+  it("ignores line-ending changes (CRLF checkouts)", async () => {
+    const schema = db.freshSchema("crlf");
+    const dir = await migrationsDir({ "0001_a.sql": "CREATE TABLE {{schema}}.a (n int);\nSELECT 1;\n" });
+    await migrate({ connection: db.pool, schema, migrationsDir: dir });
+    const file = path.join(dir, "0001_a.sql");
+    await writeFile(file, (await readFile(file, "utf8")).replaceAll("\n", "\r\n"));
+    await expect(migrate({ connection: db.pool, schema, migrationsDir: dir })).resolves.toMatchObject({
+      applied: [],
+    });
+  });
+
+  it("refuses a database that is newer than the code", async () => {
+    const schema = db.freshSchema("newer");
+    const dir = await migrationsDir({ "0001_a.sql": "SELECT 1;" });
+    await migrate({ connection: db.pool, schema, migrationsDir: dir });
+    await db.pool.query(
+      `INSERT INTO "${schema}".schema_migrations (version, name, checksum) VALUES (7, 'x', 'y')`,
+    );
+    await expect(migrate({ connection: db.pool, schema, migrationsDir: dir })).rejects.toThrow(
+      /does not know: the database is newer/,
+    );
+  });
+
+  it.each(['x"; drop table t;--', "Robert'); DROP TABLE students;--", "a b", "pg_temp", "a".repeat(64)])(
+    "rejects the hostile schema name %j before connecting",
+    async (schema) => {
+      // Port 1 refuses connections: reaching it would fail with ECONNREFUSED, not a config error.
+      const unreachable = "postgres://nobody@127.0.0.1:1/none";
+      await expect(migrate({ connection: unreachable, schema })).rejects.toThrow(OutboxConfigError);
+      await expect(printMigrations({ schema })).rejects.toThrow(OutboxConfigError);
+    },
+  );
+
+  it("prints SQL that installs the schema and that migrate then treats as applied", async () => {
+    const schema = db.freshSchema("print");
+    const printed = await printMigrations({ schema });
+    expect(printed).not.toContain("{{");
+    const client = new pg.Client({ connectionString: db.url });
+    await client.connect();
+    try {
+      await client.query(printed);
+    } finally {
+      await client.end();
+    }
+    expect(await tableExists(schema, "messages")).toBe(true);
+    const result = await migrate({ connection: db.pool, schema });
+    expect(result.applied).toEqual([]);
+  });
+});
