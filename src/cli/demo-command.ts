@@ -1,4 +1,145 @@
-export const demoUsage = "Usage: outbox-worker demo";
-export async function demoCommand(_argv: string[]): Promise<number> {
-  return 0;
+import path from "node:path";
+import pg from "pg";
+import { z } from "zod";
+import { startEmbeddedPostgres } from "../embedded/embedded-postgres.js";
+import { migrate } from "../migrate/migrator.js";
+import { createPublisher } from "../produce/publisher.js";
+import { defineQueue } from "../produce/queue.js";
+import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
+import { redactConnectionString } from "../util/redact.js";
+import { databaseUrlFrom, parseCommandArgs, UsageError } from "./args.js";
+
+export const demoUsage = `Usage: outbox-worker demo [--orders N] [--data-dir DIR] [--database-url URL]
+
+Zero-setup demo. Without DATABASE_URL it starts an embedded Postgres in DIR (default ./.outbox-data,
+kept between runs), installs the outbox schema, and places N orders: each one an order row and its
+outbox message written in ONE transaction. Every tenth order is rolled back to show that its message
+never appears. Then it shows what is waiting in the outbox through the lease-free unprocessed view.
+
+Options:
+  --orders N           orders to place (default 20)
+  --data-dir DIR       embedded Postgres data folder (default ./.outbox-data)
+  --database-url URL   use this Postgres instead of the embedded one
+  -h, --help           show this help`;
+
+const orderPlaced = defineQueue(
+  "order.placed",
+  z.object({ orderId: z.number().int(), customer: z.string(), totalCents: z.number().int().nonnegative() }),
+);
+
+async function placeOrders(pool: pg.Pool, count: number, schema: string) {
+  const outbox = createPublisher({ schema, notify: { connection: pool } });
+  let committed = 0;
+  let rolledBack = 0;
+  for (let i = 1; i <= count; i++) {
+    const client = await pool.connect();
+    try {
+      await client.query("BEGIN");
+      const customer = `customer-${(i % 4) + 1}`;
+      const totalCents = 1000 + ((i * 337) % 9000);
+      const { rows } = await client.query<{ id: number }>(
+        "INSERT INTO demo_orders (customer, total_cents) VALUES ($1, $2) RETURNING id",
+        [customer, totalCents],
+      );
+      const orderId = Number(rows[0]?.id);
+      await outbox.publish(client, orderPlaced, { orderId, customer, totalCents }, { key: customer });
+      // Every tenth order fails after publishing: its message must vanish with it.
+      if (i % 10 === 0) {
+        await client.query("ROLLBACK");
+        rolledBack++;
+      } else {
+        await client.query("COMMIT");
+        committed++;
+      }
+    } catch (error) {
+      await client.query("ROLLBACK").catch(() => {});
+      throw error;
+    } finally {
+      client.release();
+    }
+  }
+  return { committed, rolledBack };
+}
+
+async function showOutbox(pool: pg.Pool, schema: string) {
+  const names = outboxNames(schema);
+  const states = await pool.query(
+    `SELECT queue, state, count(*)::int AS rows, max(age) AS oldest FROM ${names.unprocessed} GROUP BY 1, 2 ORDER BY 1, 2`,
+  );
+  console.log("\nWaiting in the outbox (SELECT ... FROM %s.unprocessed):", schema);
+  console.table(
+    states.rows.map((r) => ({ queue: r.queue, state: r.state, rows: r.rows, oldest: formatAge(r.oldest) })),
+  );
+  const latest = await pool.query(
+    `SELECT id, queue, key, state, payload FROM ${names.unprocessed} ORDER BY id DESC LIMIT 5`,
+  );
+  console.log("Latest messages:");
+  console.table(latest.rows.map((r) => ({ ...r, payload: JSON.stringify(r.payload) })));
+}
+
+function formatAge(
+  age: { hours?: number; minutes?: number; seconds?: number; milliseconds?: number } | null,
+) {
+  if (!age) return "-";
+  const s =
+    (age.hours ?? 0) * 3600 + (age.minutes ?? 0) * 60 + (age.seconds ?? 0) + (age.milliseconds ?? 0) / 1000;
+  return `${s.toFixed(1)} s`;
+}
+
+export async function demoCommand(argv: string[]): Promise<number> {
+  const { values } = parseCommandArgs(argv, {
+    orders: { type: "string" },
+    "data-dir": { type: "string" },
+    "database-url": { type: "string" },
+  });
+  if (values.help) {
+    console.log(demoUsage);
+    return 0;
+  }
+  const orders = Number(values.orders ?? 20);
+  if (!Number.isInteger(orders) || orders < 1 || orders > 1_000_000) {
+    throw new UsageError(
+      `--orders must be a whole number from 1 to 1000000, got ${JSON.stringify(values.orders)}`,
+    );
+  }
+  const schema = process.env.OUTBOX_SCHEMA ?? DEFAULT_SCHEMA;
+  outboxNames(schema);
+
+  let url = databaseUrlFrom(values["database-url"]);
+  let stopEmbedded: (() => Promise<void>) | undefined;
+  if (!url) {
+    const dataDir = path.resolve((values["data-dir"] as string | undefined) ?? ".outbox-data");
+    console.log(`No DATABASE_URL: starting an embedded Postgres in ${dataDir} ...`);
+    const started = Date.now();
+    const server = await startEmbeddedPostgres({ dataDir, persistent: true });
+    console.log(`Embedded Postgres ready on port ${server.port} in ${Date.now() - started} ms`);
+    url = server.url;
+    stopEmbedded = server.stop;
+  }
+  const pool = new pg.Pool({ connectionString: url, max: 4, application_name: "outbox-demo" });
+  try {
+    console.log(`Database: ${redactConnectionString(url)}`);
+    const result = await migrate({ connection: pool, schema });
+    console.log(
+      result.applied.length
+        ? `Installed outbox schema "${schema}" (${result.applied.map((m) => m.name).join(", ")})`
+        : `Outbox schema "${schema}" is up to date (version ${result.version})`,
+    );
+    await pool.query(
+      "CREATE TABLE IF NOT EXISTS demo_orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, customer text NOT NULL, total_cents int NOT NULL, created_at timestamptz NOT NULL DEFAULT now())",
+    );
+    const started = Date.now();
+    const { committed, rolledBack } = await placeOrders(pool, orders, schema);
+    console.log(
+      `\nPlaced ${orders} orders in ${Date.now() - started} ms: ${committed} committed (order + message), ${rolledBack} rolled back (neither).`,
+    );
+    await showOutbox(pool, schema);
+    console.log(
+      "\nThe worker (next release) delivers these; try: psql and SELECT * FROM outbox.unprocessed;",
+    );
+    return 0;
+  } finally {
+    await pool.end();
+    await stopEmbedded?.();
+  }
 }

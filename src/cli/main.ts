@@ -79,4 +79,10 @@ async function main(argv: string[]): Promise<number> {
   }
 }
 
+// A reader that goes away (`outbox-worker migrate --print | head`) is not an error of ours.
+process.stdout.on("error", (error: NodeJS.ErrnoException) => {
+  if (error.code === "EPIPE") process.exit(0);
+  throw error;
+});
+
 process.exitCode = await main(process.argv.slice(2));

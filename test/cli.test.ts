@@ -1,0 +1,130 @@
+import { execFile } from "node:child_process";
+import { chmod, mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { promisify } from "node:util";
+import { afterAll, describe, expect, it } from "vitest";
+import { testDatabase } from "./helpers/database.js";
+
+const exec = promisify(execFile);
+const db = testDatabase("cli");
+const CLI = path.resolve("src/cli/main.ts");
+const TSX = path.resolve("node_modules/.bin/tsx");
+
+/** Run the CLI as a user would, in a child process; never throws on a non-zero exit. */
+async function cli(args: string[], env: Record<string, string | undefined> = {}) {
+  try {
+    const { stdout, stderr } = await exec(TSX, [CLI, ...args], {
+      env: { ...process.env, DATABASE_URL: undefined, ...env },
+      timeout: 60_000,
+    });
+    return { code: 0, stdout, stderr };
+  } catch (error) {
+    const e = error as { code: number; stdout: string; stderr: string };
+    return { code: e.code, stdout: e.stdout, stderr: e.stderr };
+  }
+}
+
+/** The test database URL with a canary password spliced in (trust auth ignores it; a log must not show it). */
+function withCanary(url: string, canary: string): string {
+  const u = new URL(url);
+  u.password = canary;
+  return u.toString();
+}
+
+describe("outbox-worker CLI", () => {
+  it("migrate creates the schema, then reports it up to date, never printing the password", async () => {
+    const schema = db.freshSchema("m");
+    const canary = "canary-Secr3t";
+    const url = withCanary(db.url, canary);
+    const first = await cli(["migrate", "--schema", schema], { DATABASE_URL: url });
+    expect(first.code).toBe(0);
+    expect(first.stdout).toContain(`schema "${schema}" migrated to version 1`);
+    const second = await cli(["migrate", "--schema", schema, "--database-url", url]);
+    expect(second.stdout).toContain(`schema "${schema}" is up to date (version 1)`);
+    for (const out of [first, second]) expect(out.stdout + out.stderr).not.toContain(canary);
+  });
+
+  it("migrate --print writes SQL without touching a database", async () => {
+    const out = await cli(["migrate", "--print", "--schema", "printed_one"]);
+    expect(out.code).toBe(0);
+    expect(out.stdout).toContain('CREATE TABLE "printed_one".messages');
+    expect(out.stdout).toContain('INSERT INTO "printed_one".schema_migrations');
+  });
+
+  it("rejects a hostile schema name with exit 2 before connecting", async () => {
+    const out = await cli(["migrate", "--schema", 'x"; drop table t;--'], {
+      DATABASE_URL: "postgres://u:canary-pw@127.0.0.1:1/none",
+    });
+    expect(out.code).toBe(2);
+    expect(out.stderr).toContain("invalid schema");
+    expect(out.stderr).not.toContain("ECONNREFUSED");
+  });
+
+  it("fails with exit 1 and a redacted message when the database is unreachable", async () => {
+    const out = await cli(["migrate", "--schema", "x_unreachable"], {
+      DATABASE_URL: "postgres://app:canary-pw2@127.0.0.1:1/none?password=canary-pw2",
+      PGPASSWORD: "canary-pw3",
+    });
+    expect(out.code).toBe(1);
+    expect(out.stderr).toMatch(/ECONNREFUSED/);
+    expect(out.stdout + out.stderr).not.toMatch(/canary-pw/);
+  });
+
+  it("explains a missing database and unknown commands with exit 2", async () => {
+    const missing = await cli(["migrate"]);
+    expect(missing.code).toBe(2);
+    expect(missing.stderr).toContain("set DATABASE_URL");
+    const unknown = await cli(["frobnicate"]);
+    expect(unknown.code).toBe(2);
+    expect(unknown.stderr).toContain('unknown command "frobnicate"');
+    const help = await cli(["migrate", "--help"]);
+    expect(help.code).toBe(0);
+    expect(help.stdout).toContain("Usage: outbox-worker migrate");
+  });
+
+  it("trigger enable/status/disable", async () => {
+    const schema = db.freshSchema("trg");
+    await cli(["migrate", "--schema", schema], { DATABASE_URL: db.url });
+    const env = { DATABASE_URL: db.url };
+    expect((await cli(["trigger", "status", "--schema", schema], env)).stdout).toContain("disabled");
+    expect((await cli(["trigger", "enable", "--schema", schema], env)).code).toBe(0);
+    expect((await cli(["trigger", "status", "--schema", schema], env)).stdout).toContain("enabled");
+    expect((await cli(["trigger", "disable", "--schema", schema], env)).code).toBe(0);
+    expect((await cli(["trigger", "status", "--schema", schema], env)).stdout).toContain("disabled");
+    expect((await cli(["trigger", "sideways", "--schema", schema], env)).code).toBe(2);
+  });
+
+  describe("demo", () => {
+    const dirs: string[] = [];
+    afterAll(async () => {
+      for (const d of dirs) await rm(d, { recursive: true, force: true });
+    });
+
+    it("places orders on an existing database: committed ones have a message, rolled-back ones none", async () => {
+      const schema = db.freshSchema("demo");
+      const out = await cli(["demo", "--orders", "10"], { DATABASE_URL: db.url, OUTBOX_SCHEMA: schema });
+      expect(out.code).toBe(0);
+      expect(out.stdout).toContain("9 committed (order + message), 1 rolled back (neither)");
+      const { rows } = await db.pool.query(`SELECT count(*)::int AS n FROM "${schema}".messages`);
+      expect(rows[0].n).toBe(9);
+    });
+
+    it("runs with no DATABASE_URL on an embedded Postgres, and again on the same data folder", async () => {
+      const dir = await mkdtemp(path.join(tmpdir(), "outbox-demo-"));
+      dirs.push(dir);
+      await chmod(dir, 0o755); // as root the server runs as "postgres", which must reach the folder
+      const dataDir = path.join(dir, "data");
+      const first = await cli(["demo", "--orders", "5", "--data-dir", dataDir]);
+      expect(first.stderr).toBe("");
+      expect(first.code).toBe(0);
+      expect(first.stdout).toContain("starting an embedded Postgres");
+      expect(first.stdout).toContain('Installed outbox schema "outbox"');
+      const second = await cli(["demo", "--orders", "5", "--data-dir", dataDir]);
+      expect(second.code).toBe(0);
+      expect(second.stdout).toContain('Outbox schema "outbox" is up to date');
+      // Rows from both runs are waiting: the data folder was reused.
+      expect(second.stdout).toMatch(/│ 'ready' +│ 10 /);
+    }, 120_000);
+  });
+});
