@@ -9,5 +9,6 @@ export default defineConfig({
     // The global teardown stops the embedded server, whose own stop timeout is 15 s.
     teardownTimeout: 30_000,
     pool: "forks",
+    reporters: ["default", "./test/setup/summary-reporter.ts"],
   },
 });

@@ -25,24 +25,27 @@ async function cli(args: string[], env: Record<string, string | undefined> = {})
   }
 }
 
-/** The test database URL with a canary password spliced in (trust auth ignores it; a log must not show it). */
-function withCanary(url: string, canary: string): string {
+/**
+ * The test database URL with a password that must never be printed: its own (embedded Postgres uses a
+ * random one), or a canary spliced in where the server trusts connections and ignores it.
+ */
+function withSecret(url: string): { url: string; secret: string } {
   const u = new URL(url);
-  u.password = canary;
-  return u.toString();
+  if (u.password) return { url, secret: decodeURIComponent(u.password) };
+  u.password = "canary-Secr3t";
+  return { url: u.toString(), secret: "canary-Secr3t" };
 }
 
 describe("outbox-worker CLI", () => {
   it("migrate creates the schema, then reports it up to date, never printing the password", async () => {
     const schema = db.freshSchema("m");
-    const canary = "canary-Secr3t";
-    const url = withCanary(db.url, canary);
+    const { url, secret } = withSecret(db.url);
     const first = await cli(["migrate", "--schema", schema], { DATABASE_URL: url });
     expect(first.code).toBe(0);
     expect(first.stdout).toContain(`schema "${schema}" migrated to version 1`);
     const second = await cli(["migrate", "--schema", schema, "--database-url", url]);
     expect(second.stdout).toContain(`schema "${schema}" is up to date (version 1)`);
-    for (const out of [first, second]) expect(out.stdout + out.stderr).not.toContain(canary);
+    for (const out of [first, second]) expect(out.stdout + out.stderr).not.toContain(secret);
   });
 
   it("migrate --print writes SQL without touching a database", async () => {
