@@ -1,0 +1,106 @@
+/**
+ * What wake-up notifications cost producers: 8 clients run single-row publish transactions for a few
+ * seconds in each mode, a worker-like LISTEN connection attached, and the median of several runs is printed.
+ *
+ *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/test npx tsx bench/producer-notify.ts [seconds] [runs]
+ */
+import pg from "pg";
+import { migrate } from "../src/migrate/migrator.js";
+import { disableNotifyTrigger, enableNotifyTrigger } from "../src/migrate/notify-trigger.js";
+import { createPublisher, type Publisher } from "../src/produce/publisher.js";
+import { outboxNames } from "../src/sql/names.js";
+
+const url = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
+const seconds = Number(process.argv[2] ?? 5);
+const runs = Number(process.argv[3] ?? 3);
+const CLIENTS = 8;
+const schema = "bench_producer";
+const names = outboxNames(schema);
+
+interface Mode {
+  name: string;
+  trigger?: boolean;
+  publisher?: (pool: pg.Pool) => Publisher;
+}
+
+const modes: Mode[] = [
+  { name: "plain INSERT (no notification)" },
+  ...[5, 10, 20].map((cooldownMs) => ({
+    name: `publish, throttled wake-ups (${cooldownMs} ms cooldown)`,
+    publisher: (pool: pg.Pool) => createPublisher({ schema, notify: { cooldownMs, connection: pool } }),
+  })),
+  {
+    name: "publish, NOTIFY in every transaction",
+    publisher: () => createPublisher({ schema, notify: { cooldownMs: 0 } }),
+  },
+  { name: "plain INSERT + optional trigger", trigger: true },
+];
+
+async function runMode(pool: pg.Pool, mode: Mode): Promise<number> {
+  const publisher = mode.publisher?.(pool);
+  const insert = `INSERT INTO ${names.messages} (queue, payload) VALUES ($1, $2::jsonb) RETURNING id`;
+  const payload = { orderId: 1, customer: "customer-1", totalCents: 1234, note: "x".repeat(40) };
+  const deadline = performance.now() + seconds * 1000;
+  let count = 0;
+  await Promise.all(
+    Array.from({ length: CLIENTS }, async () => {
+      const client = await pool.connect();
+      try {
+        while (performance.now() < deadline) {
+          await client.query("BEGIN");
+          if (publisher) await publisher.publish(client, "bench.producer", payload);
+          else
+            await client.query({
+              name: "bench_insert",
+              text: insert,
+              values: ["bench.producer", JSON.stringify(payload)],
+            });
+          await client.query("COMMIT");
+          count++;
+        }
+      } finally {
+        client.release();
+      }
+    }),
+  );
+  return count / seconds;
+}
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? 0;
+
+const pool = new pg.Pool({ connectionString: url, max: CLIENTS + 2 });
+await pool.query(`DROP SCHEMA IF EXISTS ${names.quotedSchema} CASCADE`);
+await migrate({ connection: pool, schema });
+const listener = new pg.Client({ connectionString: url });
+await listener.connect();
+let notifications = 0;
+listener.on("notification", () => notifications++);
+await listener.query(`LISTEN "${names.channel}"`);
+
+const results: Record<string, number[]> = {};
+const notes: Record<string, number[]> = {};
+for (let r = 0; r < runs; r++) {
+  for (const mode of modes) {
+    await pool.query(`TRUNCATE ${names.messages}`);
+    await pool.query("CHECKPOINT");
+    if (mode.trigger) await enableNotifyTrigger(pool, schema);
+    notifications = 0;
+    const rate = await runMode(pool, mode);
+    if (mode.trigger) await disableNotifyTrigger(pool, schema);
+    results[mode.name] = [...(results[mode.name] ?? []), rate];
+    notes[mode.name] = [...(notes[mode.name] ?? []), notifications / seconds];
+  }
+}
+const base = median(results[modes[0]?.name ?? ""] ?? []);
+console.log(`\n${CLIENTS} clients, single-row transactions, ${seconds} s per run, median of ${runs} runs\n`);
+console.log("| mode | tx/s (median) | range | vs plain | notifications/s |");
+console.log("|---|---:|---:|---:|---:|");
+for (const mode of modes) {
+  const xs = results[mode.name] ?? [];
+  console.log(
+    `| ${mode.name} | ${median(xs).toFixed(0)} | ${Math.min(...xs).toFixed(0)}–${Math.max(...xs).toFixed(0)} | ${((median(xs) / base) * 100).toFixed(0)} % | ${median(notes[mode.name] ?? []).toFixed(0)} |`,
+  );
+}
+await listener.end();
+await pool.query(`DROP SCHEMA ${names.quotedSchema} CASCADE`);
+await pool.end();
