@@ -9,8 +9,9 @@ export class OutboxConfigError extends OutboxError {
   constructor(
     readonly field: string,
     readonly reason: string,
+    message = `${field}: ${reason}`,
   ) {
-    super(`${field}: ${reason}`);
+    super(message);
   }
 }
 

@@ -14,6 +14,7 @@ export interface LeasedRow {
   lease_expires_at: Date;
   deliveries_count: number;
   attempts_count: number;
+  failures_count: number;
   first_attempt_at: Date | null;
   last_attempt_at: Date | null;
   last_error: string | null;
@@ -65,7 +66,7 @@ SET acquired_token = $3::uuid,
     deliveries_count = t.deliveries_count + 1
 WHERE t.id = ANY (ARRAY(SELECT id FROM picked))
 RETURNING t.id, t.queue, t.payload, t.headers, t.key, t.created_at, t.available_at, t.acquired_at,
-          t.lease_expires_at, t.deliveries_count, t.attempts_count, t.first_attempt_at, t.last_attempt_at,
-          t.last_error`,
+          t.lease_expires_at, t.deliveries_count, t.attempts_count, t.failures_count, t.first_attempt_at,
+          t.last_attempt_at, t.last_error`,
   );
 }

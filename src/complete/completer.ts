@@ -1,0 +1,149 @@
+/**
+ * Batches handler outcomes and writes them with ONE statement per kind (ack, retry, dead), each guarded by
+ * (id, lease token). A write that fails is retried with backoff as the same batch: the token makes a
+ * repeat harmless. An outcome is reported only after its write has landed; a row missing from RETURNING
+ * was taken over by another worker (`lease_lost`) and is not touched again.
+ */
+import { backoffDelay } from "../retry/strategies.js";
+import type { HeldRow } from "../worker/held.js";
+
+export type Outcome =
+  | { kind: "ack"; held: HeldRow; durationMs: number }
+  | { kind: "retry"; held: HeldRow; delayMs: number; error: string; failed: 0 | 1; transient: boolean }
+  | { kind: "dead"; held: HeldRow; reason: string; error: string | null; attempted: 0 | 1; failed: 0 | 1 };
+
+export interface CompleterDeps {
+  ack(items: Extract<Outcome, { kind: "ack" }>[]): Promise<Set<string>>;
+  retry(items: Extract<Outcome, { kind: "retry" }>[]): Promise<Set<string>>;
+  dead(items: Extract<Outcome, { kind: "dead" }>[]): Promise<Set<string>>;
+  landed(outcome: Outcome): void;
+  lost(outcome: Outcome): void;
+  /** Called after each successful flush, so the fetcher can use the slots it freed. */
+  flushed(): void;
+  onError(error: Error, consecutive: number): void;
+  onFatal(error: Error): void;
+  batchSize: number;
+  windowMs: number;
+  backoffBaseMs: number;
+  backoffMaxMs: number;
+  maxConsecutiveFailures: number;
+}
+
+export class Completer {
+  #buffer: Outcome[] = [];
+  #flushing: Promise<void> | undefined;
+  #timer: NodeJS.Timeout | undefined;
+  #failures = 0;
+  #stopped = false;
+  #idleWaiters: (() => void)[] = [];
+
+  constructor(private readonly deps: CompleterDeps) {}
+
+  /** Outcomes accepted but not yet landed (they still hold their local slots). */
+  get pending(): number {
+    return this.#buffer.length + this.#inFlight;
+  }
+  #inFlight = 0;
+
+  submit(outcome: Outcome): void {
+    this.#buffer.push(outcome);
+    if (this.#flushing) return;
+    if (this.#buffer.length >= this.deps.batchSize) {
+      this.#startFlush();
+    } else if (!this.#timer) {
+      this.#timer = setTimeout(() => this.#startFlush(), this.deps.windowMs);
+    }
+  }
+
+  /** Drop buffered outcomes of rows that were lost meanwhile (their write would touch nothing). */
+  forget(held: HeldRow): void {
+    this.#buffer = this.#buffer.filter((o) => o.held !== held);
+  }
+
+  /** Resolves when everything submitted so far has landed (or the completer was stopped). */
+  idle(): Promise<void> {
+    if (this.pending === 0 || this.#stopped) return Promise.resolve();
+    if (!this.#flushing && !this.#timer) this.#startFlush();
+    return new Promise((resolve) => this.#idleWaiters.push(resolve));
+  }
+
+  /** Stop retrying failed writes; leases of unwritten outcomes expire and the rows are redelivered. */
+  stop(): void {
+    this.#stopped = true;
+    clearTimeout(this.#timer);
+    this.#timer = undefined;
+    for (const w of this.#idleWaiters.splice(0)) w();
+  }
+
+  #startFlush(): void {
+    clearTimeout(this.#timer);
+    this.#timer = undefined;
+    if (this.#flushing || this.#stopped) return;
+    this.#flushing = this.#flushLoop().finally(() => {
+      this.#flushing = undefined;
+      if (this.#buffer.length > 0 && !this.#stopped) this.#startFlush();
+      else if (this.pending === 0) for (const w of this.#idleWaiters.splice(0)) w();
+    });
+  }
+
+  async #flushLoop(): Promise<void> {
+    while (this.#buffer.length > 0 && !this.#stopped) {
+      const batch = this.#buffer.splice(0, this.deps.batchSize);
+      this.#inFlight = batch.length;
+      for (const o of batch) o.held.writing = true;
+      try {
+        await this.#writeUntilLanded(batch);
+      } finally {
+        for (const o of batch) o.held.writing = false;
+        this.#inFlight = 0;
+      }
+      this.deps.flushed();
+    }
+  }
+
+  async #writeUntilLanded(batch: Outcome[]): Promise<void> {
+    const kinds = new Map<Outcome["kind"], Outcome[]>();
+    for (const o of batch) kinds.set(o.kind, [...(kinds.get(o.kind) ?? []), o]);
+    for (;;) {
+      // Each kind is one statement on rows the others don't touch, so they run side by side. A kind that
+      // landed is not written again when another fails: a repeat would find its rows gone and call them lost.
+      const results = await Promise.allSettled(
+        [...kinds].map(async ([kind, items]) => {
+          const ids = await this.#run(kind, items);
+          kinds.delete(kind);
+          for (const o of items) {
+            if (ids.has(o.held.row.id)) this.deps.landed(o);
+            else this.deps.lost(o);
+          }
+        }),
+      );
+      const failure = results.find((r): r is PromiseRejectedResult => r.status === "rejected");
+      if (!failure) {
+        this.#failures = 0;
+        return;
+      }
+      this.#failures++;
+      const error = failure.reason instanceof Error ? failure.reason : new Error(String(failure.reason));
+      this.deps.onError(error, this.#failures);
+      if (this.#failures >= this.deps.maxConsecutiveFailures) {
+        this.deps.onFatal(error);
+        this.stop();
+        return;
+      }
+      await sleep(
+        backoffDelay(this.#failures, { baseMs: this.deps.backoffBaseMs, maxMs: this.deps.backoffMaxMs }),
+      );
+      if (this.#stopped) return;
+    }
+  }
+
+  #run(kind: Outcome["kind"], items: Outcome[]): Promise<Set<string>> {
+    if (kind === "ack") return this.deps.ack(items as Extract<Outcome, { kind: "ack" }>[]);
+    if (kind === "retry") return this.deps.retry(items as Extract<Outcome, { kind: "retry" }>[]);
+    return this.deps.dead(items as Extract<Outcome, { kind: "dead" }>[]);
+  }
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}

@@ -1,0 +1,63 @@
+/**
+ * Renews the lease of every row this worker holds (queued locally, in a handler, or waiting for its
+ * completion write) in one token-guarded statement per beat, so a handler that outlives the lease TTL is
+ * not handed to a second worker while this one is alive. A row the renewal no longer finds was taken over:
+ * the caller aborts its handler and forgets it.
+ */
+import type { HeldRow } from "../worker/held.js";
+
+export interface HeartbeatDeps {
+  intervalMs: number;
+  collect(): HeldRow[];
+  renew(rows: HeldRow[]): Promise<Set<string>>;
+  lost(held: HeldRow): void;
+  onError(error: Error, consecutive: number): void;
+  onRecovered(): void;
+}
+
+export class Heartbeat {
+  #timer: NodeJS.Timeout | undefined;
+  #failures = 0;
+  #stopped = false;
+  #beating: Promise<void> = Promise.resolve();
+
+  constructor(private readonly deps: HeartbeatDeps) {}
+
+  start(): void {
+    this.#schedule();
+  }
+
+  async stop(): Promise<void> {
+    this.#stopped = true;
+    clearTimeout(this.#timer);
+    await this.#beating;
+  }
+
+  #schedule(): void {
+    if (this.#stopped) return;
+    this.#timer = setTimeout(() => {
+      this.#beating = this.beat().finally(() => this.#schedule());
+    }, this.deps.intervalMs);
+  }
+
+  /** One renewal now (also used by tests). */
+  async beat(): Promise<void> {
+    const rows = this.deps.collect();
+    if (rows.length === 0) return;
+    let kept: Set<string>;
+    try {
+      kept = await this.deps.renew(rows);
+    } catch (error) {
+      this.#failures++;
+      this.deps.onError(error as Error, this.#failures);
+      return;
+    }
+    if (this.#failures > 0) this.deps.onRecovered();
+    this.#failures = 0;
+    for (const held of rows) {
+      // A row whose completion write started meanwhile may be gone because of that write, not a takeover.
+      if (kept.has(held.row.id) || held.writing || held.state === "done" || held.state === "lost") continue;
+      this.deps.lost(held);
+    }
+  }
+}

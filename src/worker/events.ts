@@ -1,0 +1,69 @@
+import type { ListenerState } from "../notify/notifier.js";
+
+export type LeasePhase = "heartbeat" | "ack" | "retry" | "dead" | "release";
+export type LoopName = "fetch" | "complete" | "heartbeat" | "release" | "listener";
+
+/** Every event the worker emits. Outcome events fire only after their write has landed. */
+export interface WorkerEvents {
+  started: { workerId: string; queues: string[] };
+  fetched: { count: number };
+  dispatched: { id: string; queue: string; deliveries: number };
+  acked: { id: string; queue: string; durationMs: number };
+  retried: { id: string; queue: string; delayMs: number; error: string; transient: boolean };
+  dead_lettered: { id: string; queue: string; reason: string; error: string | null };
+  lease_lost: { id: string; queue: string; phase: LeasePhase };
+  released: { count: number };
+  listener: { state: ListenerState; detail?: string };
+  loop_error: { loop: LoopName; error: Error; consecutive: number };
+  drain_timeout: { abandoned: string[] };
+  fatal: { error: Error };
+  stopped: { drained: boolean };
+}
+
+export type WorkerEventName = keyof WorkerEvents;
+type Listener<K extends WorkerEventName> = (event: WorkerEvents[K]) => void;
+
+/** A typed emitter whose listeners can never break the worker: a throwing listener is reported, not rethrown. */
+export class WorkerEmitter {
+  readonly #listeners = new Map<WorkerEventName, Set<Listener<never>>>();
+
+  constructor(private readonly onListenerError: (event: string, error: unknown) => void) {}
+
+  on<K extends WorkerEventName>(event: K, listener: Listener<K>): () => void {
+    let set = this.#listeners.get(event);
+    if (!set) {
+      set = new Set();
+      this.#listeners.set(event, set);
+    }
+    set.add(listener as Listener<never>);
+    return () => this.off(event, listener);
+  }
+
+  once<K extends WorkerEventName>(event: K, listener: Listener<K>): () => void {
+    const off = this.on(event, (e) => {
+      off();
+      listener(e);
+    });
+    return off;
+  }
+
+  off<K extends WorkerEventName>(event: K, listener: Listener<K>): void {
+    this.#listeners.get(event)?.delete(listener as Listener<never>);
+  }
+
+  hasListeners(event: WorkerEventName): boolean {
+    return (this.#listeners.get(event)?.size ?? 0) > 0;
+  }
+
+  emit<K extends WorkerEventName>(event: K, payload: WorkerEvents[K]): void {
+    const set = this.#listeners.get(event);
+    if (!set) return;
+    for (const listener of [...set]) {
+      try {
+        (listener as Listener<K>)(payload);
+      } catch (error) {
+        this.onListenerError(event, error);
+      }
+    }
+  }
+}

@@ -1,0 +1,179 @@
+import { hostname } from "node:os";
+import pg from "pg";
+import type { Logger } from "pino";
+import { z } from "zod";
+import { OutboxConfigError } from "../errors.js";
+import { validateQueueName } from "../produce/queue.js";
+import type { RetryStrategy } from "../retry/strategies.js";
+import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
+
+/** What a handler gets besides its payload. */
+export interface MessageContext {
+  id: string;
+  queue: string;
+  key: string | null;
+  headers: Record<string, string>;
+  /** Times this row has been leased, this one included (crash re-claims count). */
+  deliveries: number;
+  /** Handler attempts that ended before this one. */
+  attempts: number;
+  createdAt: Date;
+  /** Fires when the worker's stop timeout passes or this worker lost the lease: stop work, nothing will be saved. */
+  signal: AbortSignal;
+}
+
+export type Handler<P = unknown> = (payload: P, message: MessageContext) => Promise<void> | void;
+
+export interface QueueConfig<P = unknown> {
+  handler: Handler<P>;
+  /** Validates (and types) payloads at delivery; a payload that fails goes to dead letters as invalid_payload. */
+  schema?: z.ZodType<P>;
+  retry?: RetryStrategy;
+  /** Failures (transient ones excluded) after which a message is dead-lettered as retries_exhausted. */
+  maxAttempts?: number;
+}
+
+const positiveMs = (max: number) => z.number().int().positive().max(max);
+
+const queueConfigSchema = z.strictObject({
+  handler: z.custom<Handler>((v) => typeof v === "function", "must be a function"),
+  schema: z.custom<z.ZodType>((v) => v instanceof z.ZodType, "must be a zod schema").optional(),
+  retry: z
+    .custom<RetryStrategy>((v) => typeof v === "function", "must be a retry strategy function")
+    .optional(),
+  maxAttempts: z.number().int().min(1).max(1_000_000).optional(),
+});
+
+const optionsSchema = z
+  .strictObject({
+    connection: z.union([
+      z.string().min(1),
+      z.custom<pg.Pool>((v) => v instanceof pg.Pool, "must be a connection string or a pg.Pool"),
+    ]),
+    /** Where LISTEN connects when `connection` is a Pool without a connectionString. */
+    listenConnection: z.string().min(1).optional(),
+    schema: z.string().default(DEFAULT_SCHEMA),
+    queues: z
+      .record(
+        z.string(),
+        z.union([
+          z.custom<Handler>((v) => typeof v === "function", "must be a handler function"),
+          queueConfigSchema,
+        ]),
+      )
+      .refine((q) => Object.keys(q).length > 0, "serve at least one queue"),
+    concurrency: z.number().int().min(1).max(10_000).default(10),
+    batchSize: z.number().int().min(1).max(10_000).default(100),
+    leaseTtlMs: z.number().int().min(1000).max(86_400_000).default(30_000),
+    heartbeatMs: positiveMs(43_200_000).optional(),
+    minPollIntervalMs: positiveMs(3_600_000).default(100),
+    maxPollIntervalMs: positiveMs(3_600_000).default(2000),
+    listen: z.boolean().default(true),
+    maxDeliveries: z.number().int().min(1).max(1_000_000).default(25),
+    maxAttempts: z.number().int().min(1).max(1_000_000).default(10),
+    retry: z
+      .custom<RetryStrategy>((v) => typeof v === "function", "must be a retry strategy function")
+      .optional(),
+    completionBatchSize: z.number().int().min(1).max(10_000).default(1000),
+    completionWindowMs: z.number().min(0).max(1000).default(1),
+    maxConsecutiveFailures: z.number().int().min(1).max(1_000_000).default(30),
+    loopBackoffBaseMs: positiveMs(60_000).default(100),
+    loopBackoffMaxMs: positiveMs(600_000).default(10_000),
+    stopTimeoutMs: z.number().int().min(0).max(3_600_000).default(30_000),
+    maxErrorLength: z.number().int().min(100).max(1_000_000).default(4000),
+    workerId: z.string().min(1).max(200).optional(),
+    logger: z
+      .custom<Logger | false>(
+        (v) => v === false || (typeof v === "object" && v !== null && "info" in v),
+        "must be a pino logger or false",
+      )
+      .optional(),
+  })
+  .superRefine((o, ctx) => {
+    try {
+      validateSchemaName(o.schema);
+    } catch (error) {
+      ctx.addIssue({ code: "custom", path: ["schema"], message: (error as OutboxConfigError).reason });
+    }
+    for (const name of Object.keys(o.queues)) {
+      try {
+        validateQueueName(name);
+      } catch (error) {
+        ctx.addIssue({
+          code: "custom",
+          path: ["queues", name],
+          message: (error as OutboxConfigError).reason,
+        });
+      }
+    }
+    // The heartbeat must renew well before the lease runs out, or a slow handler is delivered twice.
+    if (o.heartbeatMs !== undefined && o.heartbeatMs * 2 > o.leaseTtlMs) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["heartbeatMs"],
+        message: `must be at most half of leaseTtlMs (${o.leaseTtlMs}), got ${o.heartbeatMs}`,
+      });
+    }
+    if (o.minPollIntervalMs > o.maxPollIntervalMs) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["minPollIntervalMs"],
+        message: `must not exceed maxPollIntervalMs (${o.maxPollIntervalMs}), got ${o.minPollIntervalMs}`,
+      });
+    }
+    if (o.loopBackoffBaseMs > o.loopBackoffMaxMs) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["loopBackoffBaseMs"],
+        message: "must not exceed loopBackoffMaxMs",
+      });
+    }
+  });
+
+export type WorkerOptions = z.input<typeof optionsSchema>;
+
+export interface ResolvedQueue {
+  name: string;
+  handler: Handler;
+  schema: z.ZodType | undefined;
+  retry: RetryStrategy | undefined;
+  maxAttempts: number;
+}
+
+export type ResolvedOptions = Omit<z.output<typeof optionsSchema>, "queues" | "heartbeatMs" | "workerId"> & {
+  queues: Map<string, ResolvedQueue>;
+  heartbeatMs: number;
+  workerId: string;
+};
+
+/** Parse and cross-check worker options; every problem is reported with its field, before anything connects. */
+export function resolveWorkerOptions(input: WorkerOptions): ResolvedOptions {
+  const parsed = optionsSchema.safeParse(input);
+  if (!parsed.success) {
+    const problems = parsed.error.issues.map((i) => `${i.path.join(".") || "(options)"}: ${i.message}`);
+    const fields = [...new Set(parsed.error.issues.map((i) => i.path.join(".") || "(options)"))].join(", ");
+    throw new OutboxConfigError(
+      fields,
+      problems.join("; "),
+      `invalid worker options: ${problems.join("; ")}`,
+    );
+  }
+  const o = parsed.data;
+  const queues = new Map<string, ResolvedQueue>();
+  for (const [name, def] of Object.entries(o.queues)) {
+    const config = typeof def === "function" ? { handler: def as Handler } : def;
+    queues.set(name, {
+      name,
+      handler: config.handler as Handler,
+      schema: "schema" in config ? (config.schema as z.ZodType | undefined) : undefined,
+      retry: "retry" in config ? config.retry : undefined,
+      maxAttempts: ("maxAttempts" in config ? config.maxAttempts : undefined) ?? o.maxAttempts,
+    });
+  }
+  return {
+    ...o,
+    queues,
+    heartbeatMs: o.heartbeatMs ?? Math.max(250, Math.floor(o.leaseTtlMs / 3)),
+    workerId: o.workerId ?? `${hostname()}/${process.pid}/${Math.random().toString(36).slice(2, 6)}`,
+  };
+}

@@ -1,0 +1,383 @@
+import { randomUUID } from "node:crypto";
+import pg from "pg";
+import pino, { type Logger } from "pino";
+import { Completer, type Outcome } from "../complete/completer.js";
+import { Heartbeat } from "../complete/heartbeat.js";
+import { Dispatcher } from "../dispatch/dispatcher.js";
+import { LocalQueue } from "../dispatch/local-queue.js";
+import { Fetcher } from "../fetch/fetcher.js";
+import { createNotifier, type Notifier } from "../notify/notifier.js";
+import { completeStatements, type IdRow } from "../sql/complete.js";
+import { run } from "../sql/executor.js";
+import { fetchStatement, type LeasedRow } from "../sql/fetch.js";
+import { outboxNames } from "../sql/names.js";
+import { redactConnectionString } from "../util/redact.js";
+import {
+  type LeasePhase,
+  type LoopName,
+  WorkerEmitter,
+  type WorkerEventName,
+  type WorkerEvents,
+} from "./events.js";
+import type { HeldRow } from "./held.js";
+import { type ResolvedOptions, resolveWorkerOptions, type WorkerOptions } from "./options.js";
+
+export interface StopResult {
+  /** True when every handler finished within the timeout and every outcome was written. */
+  drained: boolean;
+  /** Rows fetched but never started, handed back for another worker. */
+  released: number;
+  /** Handlers still running at the timeout: aborted, their leases left to expire. */
+  abandoned: string[];
+}
+
+export interface Worker {
+  readonly id: string;
+  start(): Promise<void>;
+  stop(options?: { timeoutMs?: number }): Promise<StopResult>;
+  /** Resolves when the worker has stopped; rejects with the error if it stopped on a fatal loop failure. */
+  wait(): Promise<void>;
+  on<K extends WorkerEventName>(event: K, listener: (e: WorkerEvents[K]) => void): () => void;
+  once<K extends WorkerEventName>(event: K, listener: (e: WorkerEvents[K]) => void): () => void;
+  /** Rows held right now (queued, running, completing): for tests and metrics. */
+  readonly held: number;
+}
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
+/**
+ * Deliver committed outbox rows to handlers, at least once. See DESIGN §3: fetch → bounded local queue →
+ * N dispatch loops → batched, token-guarded completion, with a heartbeat renewing every held lease.
+ */
+export function createWorker(input: WorkerOptions): Worker {
+  const options: ResolvedOptions = resolveWorkerOptions(input);
+  const names = outboxNames(options.schema);
+  const fetchSql = fetchStatement(names);
+  const sql = completeStatements(names);
+  const logger: Logger =
+    options.logger === false
+      ? pino({ level: "silent" })
+      : (options.logger ?? pino({ name: "outbox-worker" }));
+  const log = logger.child({ workerId: options.workerId, schema: names.schema });
+  const emitter = new WorkerEmitter((event, error) =>
+    log.error({ err: error, event }, "a worker event listener threw; the worker carries on"),
+  );
+  const ownsPool = typeof options.connection === "string";
+  const queueNames = [...options.queues.keys()];
+  const capacity = Math.max(options.batchSize, options.concurrency);
+  const held = new Map<string, HeldRow>();
+  const queue = new LocalQueue<HeldRow>(capacity);
+
+  let pool: pg.Pool | undefined;
+  let notifier: Notifier | undefined;
+  let state: "new" | "running" | "stopping" | "stopped" = "new";
+  let stopping: Promise<StopResult> | undefined;
+  let fatalError: Error | undefined;
+  let resolveDone!: () => void;
+  let rejectDone!: (error: Error) => void;
+  const done = new Promise<void>((resolve, reject) => {
+    resolveDone = resolve;
+    rejectDone = reject;
+  });
+  done.catch(() => {}); // observed through wait(); never an unhandled rejection
+
+  const failing = new Map<LoopName, number>();
+  function loopError(loop: LoopName, error: Error, consecutive: number) {
+    failing.set(loop, consecutive);
+    emitter.emit("loop_error", { loop, error, consecutive });
+    // First failure, then every 10th: an outage must not flood the log.
+    if (consecutive === 1 || consecutive % 10 === 0) {
+      log.warn({ loop, consecutive, err: error }, `${loop} failed; backing off`);
+    }
+  }
+  function loopRecovered(loop: LoopName) {
+    const n = failing.get(loop);
+    if (n) log.info({ loop, after: n }, `${loop} recovered`);
+    failing.delete(loop);
+  }
+  function fatal(error: Error) {
+    if (fatalError || state !== "running") return;
+    fatalError = error;
+    log.error({ err: error }, "giving up after repeated failures; stopping the worker");
+    emitter.emit("fatal", { error });
+    void stop({ timeoutMs: Math.min(options.stopTimeoutMs, 5000) });
+  }
+
+  const db = () => {
+    if (!pool) throw new Error("worker is not started");
+    return pool;
+  };
+  const pairs = (rows: HeldRow[]) => [rows.map((h) => h.row.id), rows.map((h) => h.token)];
+  const ids = (rows: IdRow[]) => new Set(rows.map((r) => String(r.id)));
+
+  function forget(h: HeldRow, phase: LeasePhase) {
+    if (h.state === "lost" || h.state === "done") return;
+    h.state = "lost";
+    h.controller?.abort(new Error("lease lost: another worker took this message over"));
+    held.delete(h.row.id);
+    queue.remove((x) => x === h);
+    completer.forget(h);
+    log.warn({ id: h.row.id, queue: h.row.queue, phase }, "lease lost; the newer owner wins");
+    emitter.emit("lease_lost", { id: h.row.id, queue: h.row.queue, phase });
+  }
+
+  const completer = new Completer({
+    batchSize: options.completionBatchSize,
+    windowMs: options.completionWindowMs,
+    backoffBaseMs: options.loopBackoffBaseMs,
+    backoffMaxMs: options.loopBackoffMaxMs,
+    maxConsecutiveFailures: options.maxConsecutiveFailures,
+    ack: async (items) => ids(await run<IdRow>(db(), sql.ack, pairs(items.map((o) => o.held)))),
+    retry: async (items) =>
+      ids(
+        await run<IdRow>(db(), sql.retry, [
+          ...pairs(items.map((o) => o.held)),
+          items.map((o) => o.delayMs),
+          items.map((o) => o.error),
+          items.map((o) => o.failed),
+          options.maxErrorLength,
+        ]),
+      ),
+    dead: async (items) =>
+      ids(
+        await run<IdRow>(db(), sql.dead, [
+          ...pairs(items.map((o) => o.held)),
+          items.map((o) => o.reason),
+          items.map((o) => o.error),
+          items.map((o) => o.attempted),
+          items.map((o) => o.failed),
+          options.maxErrorLength,
+        ]),
+      ),
+    landed: (o: Outcome) => {
+      loopRecovered("complete");
+      o.held.state = "done";
+      held.delete(o.held.row.id);
+      const { id, queue: q } = o.held.row;
+      if (o.kind === "ack") emitter.emit("acked", { id, queue: q, durationMs: o.durationMs });
+      else if (o.kind === "retry") {
+        log.debug({ id, queue: q, delayMs: o.delayMs, error: o.error }, "retry scheduled");
+        emitter.emit("retried", { id, queue: q, delayMs: o.delayMs, error: o.error, transient: o.transient });
+      } else {
+        log.warn({ id, queue: q, reason: o.reason, error: o.error }, "message moved to dead letters");
+        emitter.emit("dead_lettered", { id, queue: q, reason: o.reason, error: o.error });
+      }
+    },
+    lost: (o: Outcome) => forget(o.held, o.kind),
+    flushed: () => fetcher.slotsFreed(),
+    onError: (error, n) => loopError("complete", error, n),
+    onFatal: fatal,
+  });
+
+  const fetcher = new Fetcher<LeasedRow>({
+    batchSize: options.batchSize,
+    minPollMs: options.minPollIntervalMs,
+    maxPollMs: options.maxPollIntervalMs,
+    backoffBaseMs: options.loopBackoffBaseMs,
+    backoffMaxMs: options.loopBackoffMaxMs,
+    maxConsecutiveFailures: options.maxConsecutiveFailures,
+    free: () => capacity - queue.size - completer.pending,
+    lease: async (limit) => {
+      const token = randomUUID();
+      const rows = await run<LeasedRow>(db(), fetchSql, [
+        queueNames,
+        limit,
+        token,
+        options.leaseTtlMs,
+        options.workerId,
+      ]);
+      loopRecovered("fetch");
+      for (const row of rows) (row as LeasedRow & { token: string }).token = token;
+      return rows;
+    },
+    deliver: (rows) => {
+      const batch: HeldRow[] = rows.map((row) => ({
+        row: { ...row, id: String(row.id) },
+        token: (row as LeasedRow & { token: string }).token,
+        state: "queued",
+        writing: false,
+        controller: undefined,
+        startedAt: 0,
+      }));
+      for (const h of batch) held.set(h.row.id, h);
+      queue.push(batch);
+      emitter.emit("fetched", { count: rows.length });
+    },
+    onError: (error, n) => loopError("fetch", error, n),
+    onFatal: fatal,
+  });
+  queue.onTake = (sizeAfter) => {
+    // Refill at half capacity: fetching one row per freed slot would cost a round trip per message.
+    if (sizeAfter <= Math.floor(capacity / 2)) fetcher.slotsFreed();
+  };
+
+  const heartbeat = new Heartbeat({
+    intervalMs: options.heartbeatMs,
+    collect: () => [...held.values()].filter((h) => !h.writing && h.state !== "done" && h.state !== "lost"),
+    renew: async (rows) => ids(await run<IdRow>(db(), sql.renew, [...pairs(rows), options.leaseTtlMs])),
+    lost: (h) => forget(h, "heartbeat"),
+    onError: (error, n) => loopError("heartbeat", error, n),
+    onRecovered: () => loopRecovered("heartbeat"),
+  });
+
+  const dispatcher = new Dispatcher({
+    queue,
+    concurrency: options.concurrency,
+    queues: options.queues,
+    maxDeliveries: options.maxDeliveries,
+    retry: options.retry,
+    maxErrorLength: options.maxErrorLength,
+    submit: (o) => completer.submit(o),
+    dispatched: (h) =>
+      emitter.emit("dispatched", { id: h.row.id, queue: h.row.queue, deliveries: h.row.deliveries_count }),
+    strategyProblem: (h, problem) =>
+      log.warn({ id: h.row.id, queue: h.row.queue, problem }, "retry strategy returned an unusable delay"),
+  });
+
+  async function start(): Promise<void> {
+    if (state !== "new") throw new Error(`worker cannot start: it is ${state}`);
+    state = "running";
+    if (typeof options.connection === "string") {
+      pool = new pg.Pool({
+        connectionString: options.connection,
+        // fetch, three completion kinds side by side, heartbeat, and a spare for release on stop
+        max: 6,
+        application_name: `outbox-worker ${options.workerId}`.slice(0, 63),
+        keepAlive: true,
+        connectionTimeoutMillis: 10_000,
+      });
+    } else {
+      pool = options.connection;
+    }
+    // An idle client killed by the server emits 'error' on the pool; unhandled, it would crash the process.
+    pool.on("error", (error) =>
+      log.warn({ err: error }, "idle database connection failed; the pool replaces it"),
+    );
+    log.info(
+      {
+        queues: queueNames,
+        concurrency: options.concurrency,
+        batchSize: options.batchSize,
+        leaseTtlMs: options.leaseTtlMs,
+        database:
+          typeof options.connection === "string" ? redactConnectionString(options.connection) : "pool",
+      },
+      "worker starting",
+    );
+    dispatcher.start();
+    heartbeat.start();
+    if (options.listen) {
+      const connectionString =
+        options.listenConnection ??
+        (typeof options.connection === "string" ? options.connection : pool.options.connectionString);
+      if (!connectionString) {
+        log.warn("listen is on but the pool has no connectionString: pass listenConnection; polling only");
+      } else {
+        notifier = createNotifier({
+          connectionString,
+          channel: names.channel,
+          queues: new Set(queueNames),
+          applicationName: `outbox-listen ${options.workerId}`.slice(0, 63),
+          onWake: () => fetcher.trigger(),
+          // Notifications sent while the listener was away are gone: look now.
+          onReconnected: () => fetcher.trigger(),
+          onStateChange: (s, detail) => {
+            log.info({ listener: s, detail }, `listener ${s}`);
+            emitter.emit("listener", { state: s, detail });
+          },
+          onError: (error) => log.debug({ err: error }, "listener error"),
+        });
+        await notifier.start();
+      }
+    }
+    // LISTEN first, then the first fetch: a row committed in between is either seen by that fetch or
+    // announced to a listener that is already there, never neither.
+    fetcher.start();
+    emitter.emit("started", { workerId: options.workerId, queues: queueNames });
+  }
+
+  async function release(rows: HeldRow[]): Promise<number> {
+    if (rows.length === 0) return 0;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        const back = ids(await run<IdRow>(db(), sql.release, pairs(rows)));
+        for (const h of rows) {
+          h.state = "done";
+          held.delete(h.row.id);
+        }
+        emitter.emit("released", { count: back.size });
+        return back.size;
+      } catch (error) {
+        loopError("release", error as Error, attempt);
+        // Unreleased rows are not lost: their leases expire and another worker takes them.
+        if (attempt >= 3) return 0;
+        await sleep(200 * attempt);
+      }
+    }
+  }
+
+  async function shutdown(timeoutMs: number): Promise<StopResult> {
+    const deadline = Date.now() + timeoutMs;
+    log.info({ timeoutMs }, "worker stopping: no new leases");
+    await Promise.all([fetcher.stop(), notifier?.stop()]);
+    const unstarted = queue.drain();
+    queue.close();
+    const released = await release(unstarted);
+
+    let abandoned: string[] = [];
+    const finished = await Promise.race([
+      dispatcher.done().then(() => true),
+      sleep(Math.max(0, deadline - Date.now())).then(() => false),
+    ]);
+    if (!finished) {
+      abandoned = dispatcher.abandon(new Error("worker stop timeout"));
+      for (const id of abandoned) {
+        const h = held.get(id);
+        if (h) h.state = "lost";
+        held.delete(id);
+      }
+      log.warn({ abandoned }, "stop timeout: handlers aborted, their leases are left to expire");
+      emitter.emit("drain_timeout", { abandoned });
+    }
+    const flushed = await Promise.race([
+      completer.idle().then(() => true),
+      sleep(Math.max(1000, deadline - Date.now())).then(() => false),
+    ]);
+    completer.stop();
+    await heartbeat.stop();
+    if (ownsPool) await pool?.end().catch(() => {});
+    const drained = finished && flushed && completer.pending === 0;
+    return { drained, released, abandoned };
+  }
+
+  function stop(opts: { timeoutMs?: number } = {}): Promise<StopResult> {
+    if (stopping) return stopping;
+    if (state === "new") {
+      state = "stopped";
+      resolveDone();
+      return Promise.resolve({ drained: true, released: 0, abandoned: [] });
+    }
+    state = "stopping";
+    stopping = shutdown(opts.timeoutMs ?? options.stopTimeoutMs).then((result) => {
+      state = "stopped";
+      log.info(result, result.drained ? "worker stopped" : "worker stopped without draining");
+      emitter.emit("stopped", { drained: result.drained });
+      if (fatalError) rejectDone(fatalError);
+      else resolveDone();
+      return result;
+    });
+    return stopping;
+  }
+
+  return {
+    id: options.workerId,
+    start,
+    stop,
+    wait: () => done,
+    on: (event, listener) => emitter.on(event, listener),
+    once: (event, listener) => emitter.once(event, listener),
+    get held() {
+      return held.size;
+    },
+  };
+}

@@ -1,0 +1,240 @@
+import { spawn } from "node:child_process";
+import { chmod, mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { startEmbeddedPostgres } from "../src/embedded/embedded-postgres.js";
+import { migrate } from "../src/migrate/migrator.js";
+import { createWorker } from "../src/worker/worker.js";
+import { testDatabase } from "./helpers/database.js";
+import { nextEvent, publisherFor, until, workerFactory } from "./helpers/worker.js";
+
+const db = testDatabase("flt");
+const workers = workerFactory(db);
+const outbox = publisherFor(db.schema);
+
+beforeAll(async () => {
+  await db.migrate();
+  await db.pool.query(`CREATE TABLE "${db.schema}".ledger (id bigint NOT NULL, worker text NOT NULL)`);
+});
+beforeEach(async () => {
+  await db.pool.query(`TRUNCATE ${db.names.messages}, ${db.names.deadLetters}, "${db.schema}".ledger`);
+});
+
+async function publish(queue: string, n: number) {
+  return db.inTransaction((c) =>
+    outbox.publishMany(
+      c,
+      queue,
+      Array.from({ length: n }, (_, i) => ({ payload: { i } })),
+    ),
+  );
+}
+
+async function remaining(): Promise<number> {
+  return (await db.pool.query(`SELECT count(*)::int AS n FROM ${db.names.messages}`)).rows[0].n;
+}
+
+describe("wake-ups", () => {
+  it("after the listener connection is terminated, rows inserted in the gap start within a second", async () => {
+    const handled: string[] = [];
+    // Polling so slow that only a wake-up can explain a prompt delivery.
+    const worker = await workers.start({
+      minPollIntervalMs: 60_000,
+      maxPollIntervalMs: 60_000,
+      queues: { wake: (_p, m) => void handled.push(m.id) },
+    });
+    await publish("wake", 1);
+    await until(() => handled.length === 1, "first row via NOTIFY", 2000);
+
+    const reconnected = nextEvent<{ state: string }>(
+      worker,
+      "listener",
+      (e) => e.state === "listening",
+      10_000,
+    );
+    await db.pool.query(
+      "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+      [`outbox-listen ${worker.id}`.slice(0, 63)],
+    );
+    // Published while the listener is away: its notification is lost; the reconnect must fetch.
+    const gapPublished = Date.now();
+    await publish("wake", 3);
+    await reconnected;
+    await until(() => handled.length === 4, "rows from the gap", 5000);
+    expect(Date.now() - gapPublished).toBeLessThan(1000 + 2000); // reconnect wait + one second
+  });
+
+  it("with LISTEN off, polling delivers within the max poll interval", async () => {
+    const handled: number[] = [];
+    const worker = await workers.start({
+      listen: false,
+      minPollIntervalMs: 50,
+      maxPollIntervalMs: 400,
+      queues: { poll: () => void handled.push(Date.now()) },
+    });
+    // Let the idle poll back off to its maximum first.
+    await new Promise((r) => setTimeout(r, 1200));
+    const at = Date.now();
+    await db.pool.query(`INSERT INTO ${db.names.messages} (queue, payload) VALUES ('poll', '{}')`);
+    await nextEvent(worker, "acked", undefined, 3000);
+    // Max interval plus its 20 % jitter, plus slack for a loaded CI machine.
+    expect((handled[0] ?? Infinity) - at).toBeLessThan(400 * 1.2 + 300);
+  });
+});
+
+describe("database failures", () => {
+  it("recovers when every worker connection is terminated, and finishes the backlog", async () => {
+    await publish("term", 200);
+    let handled = 0;
+    const worker = await workers.start({
+      concurrency: 2,
+      batchSize: 20,
+      loopBackoffBaseMs: 20,
+      loopBackoffMaxMs: 200,
+      queues: {
+        term: async () => {
+          handled++;
+          await new Promise((r) => setTimeout(r, 2));
+        },
+      },
+    });
+    await until(() => handled >= 40, "some progress");
+    const killed = await db.pool.query(
+      "SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name LIKE $1",
+      [`outbox-%${worker.id}`.slice(0, 63)],
+    );
+    expect(killed.rows[0].n).toBeGreaterThan(0);
+    await publish("term", 50);
+    await until(async () => (await remaining()) === 0, "backlog drained after the kill", 20_000);
+    expect(handled).toBeGreaterThanOrEqual(250);
+  });
+
+  it("survives a Postgres restart and finishes the backlog", async () => {
+    const dir = await mkdtemp(path.join(tmpdir(), "outbox-restart-"));
+    await chmod(dir, 0o755);
+    const dataDir = path.join(dir, "data");
+    let server = await startEmbeddedPostgres({ dataDir, persistent: true });
+    const port = server.port;
+    try {
+      await migrate({ connection: server.url, schema: "outbox" });
+      const restartOutbox = publisherFor("outbox");
+      const pg = (await import("pg")).default;
+      const producer = new pg.Pool({ connectionString: server.url, max: 2 });
+      producer.on("error", () => {});
+      const handled = new Set<string>();
+      const errors: string[] = [];
+      const worker = createWorker({
+        connection: server.url,
+        logger: false,
+        minPollIntervalMs: 20,
+        maxPollIntervalMs: 200,
+        loopBackoffBaseMs: 50,
+        loopBackoffMaxMs: 300,
+        maxConsecutiveFailures: 1000,
+        queues: { restart: (_p, m) => void handled.add(m.id) },
+      });
+      worker.on("loop_error", (e) => errors.push(e.loop));
+      await worker.start();
+      try {
+        const c1 = await producer.connect();
+        await restartOutbox.publishMany(c1, "restart", [{ payload: { before: true } }]);
+        c1.release();
+        await until(() => handled.size === 1, "delivery before the restart");
+
+        await server.stop();
+        await until(() => errors.includes("fetch"), "the worker notices the outage");
+        server = await startEmbeddedPostgres({ dataDir, persistent: true, port });
+
+        const c2 = await producer.connect();
+        await restartOutbox.publishMany(
+          c2,
+          "restart",
+          Array.from({ length: 30 }, (_, i) => ({ payload: { i } })),
+        );
+        c2.release();
+        await until(() => handled.size === 31, "backlog after the restart", 30_000);
+        const left = await producer.query("SELECT count(*)::int AS n FROM outbox.messages");
+        expect(left.rows[0].n).toBe(0);
+      } finally {
+        await worker.stop({ timeoutMs: 2000 });
+        await producer.end();
+      }
+    } finally {
+      await server.stop();
+      await rm(dir, { recursive: true, force: true });
+    }
+  }, 90_000);
+
+  it("reports a fatal error after a run of consecutive failures instead of idling", async () => {
+    const worker = createWorker({
+      connection: "postgres://nobody@127.0.0.1:1/none",
+      listen: false,
+      logger: false,
+      queues: { q: () => {} },
+      maxConsecutiveFailures: 3,
+      loopBackoffBaseMs: 10,
+      loopBackoffMaxMs: 20,
+    });
+    const fatal = nextEvent<{ error: Error }>(worker, "fatal", undefined, 10_000);
+    await worker.start();
+    expect((await fatal).error.message).toMatch(/ECONNREFUSED/);
+    await expect(worker.wait()).rejects.toThrow(/ECONNREFUSED/);
+  });
+});
+
+describe("crash", () => {
+  it("a worker killed with SIGKILL mid-batch loses nothing; duplicates are bounded by the rows it held", async () => {
+    const ids = await publish("crash", 300);
+    const workerId = `crash-child-${Date.now()}`;
+    const child = spawn(
+      path.resolve("node_modules/.bin/tsx"),
+      [path.resolve("test/fixtures/crash-worker.ts")],
+      {
+        env: { ...process.env, DATABASE_URL: db.url, OUTBOX_SCHEMA: db.schema, WORKER_ID: workerId },
+        stdio: ["ignore", "pipe", "inherit"],
+      },
+    );
+    const exited = new Promise((resolve) => child.once("exit", resolve));
+    try {
+      await until(
+        async () =>
+          (await db.pool.query(`SELECT count(*)::int AS n FROM "${db.schema}".ledger`)).rows[0].n >= 30,
+        "the child is handling rows",
+        20_000,
+      );
+    } finally {
+      child.kill("SIGKILL");
+    }
+    await exited;
+    const heldByDead = (
+      await db.pool.query(`SELECT count(*)::int AS n FROM ${db.names.messages} WHERE acquired_by = $1`, [
+        workerId,
+      ])
+    ).rows[0].n;
+    expect(heldByDead).toBeGreaterThan(0);
+    // Instead of waiting a lease TTL: the dead worker's leases run out now.
+    await db.pool.query(
+      `UPDATE ${db.names.messages} SET lease_expires_at = now() - interval '1 second' WHERE acquired_by = $1`,
+      [workerId],
+    );
+    await workers.start({
+      queues: {
+        crash: async (_p, m) => {
+          await db.pool.query(`INSERT INTO "${db.schema}".ledger (id, worker) VALUES ($1, 'survivor')`, [
+            m.id,
+          ]);
+        },
+      },
+    });
+    await until(async () => (await remaining()) === 0, "survivor drains everything", 30_000);
+    const ledger = await db.pool.query(
+      `SELECT id::text, count(*)::int AS n FROM "${db.schema}".ledger GROUP BY id`,
+    );
+    const seen = new Map(ledger.rows.map((r) => [r.id as string, r.n as number]));
+    expect(ids.filter((id) => !seen.has(id))).toEqual([]);
+    const duplicates = [...seen.values()].reduce((sum, n) => sum + (n - 1), 0);
+    expect(duplicates).toBeLessThanOrEqual(heldByDead);
+    expect((await db.pool.query(`SELECT count(*)::int AS n FROM ${db.names.deadLetters}`)).rows[0].n).toBe(0);
+  }, 60_000);
+});
