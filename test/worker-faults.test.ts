@@ -153,9 +153,10 @@ describe("database failures", () => {
           Array.from({ length: 30 }, (_, i) => ({ payload: { i } })),
         );
         c2.release();
-        await until(() => handled.size === 31, "backlog after the restart", 30_000);
-        const left = await producer.query("SELECT count(*)::int AS n FROM outbox.messages");
-        expect(left.rows[0].n).toBe(0);
+        const left = async () =>
+          (await producer.query("SELECT count(*)::int AS n FROM outbox.messages")).rows[0].n;
+        await until(async () => (await left()) === 0, "backlog acknowledged after the restart", 30_000);
+        expect(handled.size).toBe(31);
       } finally {
         await worker.stop({ timeoutMs: 2000 });
         await producer.end();
@@ -187,9 +188,10 @@ describe("crash", () => {
   it("a worker killed with SIGKILL mid-batch loses nothing; duplicates are bounded by the rows it held", async () => {
     const ids = await publish("crash", 300);
     const workerId = `crash-child-${Date.now()}`;
+    // node itself, with tsx as a loader: the tsx CLI would run the worker in a grandchild that SIGKILL misses.
     const child = spawn(
-      path.resolve("node_modules/.bin/tsx"),
-      [path.resolve("test/fixtures/crash-worker.ts")],
+      process.execPath,
+      ["--import", "tsx", path.resolve("test/fixtures/crash-worker.ts")],
       {
         env: { ...process.env, DATABASE_URL: db.url, OUTBOX_SCHEMA: db.schema, WORKER_ID: workerId },
         stdio: ["ignore", "pipe", "inherit"],
@@ -207,6 +209,7 @@ describe("crash", () => {
       child.kill("SIGKILL");
     }
     await exited;
+    const afterKill = await db.pool.query(`SELECT count(*)::int AS n FROM "${db.schema}".ledger`);
     const heldByDead = (
       await db.pool.query(`SELECT count(*)::int AS n FROM ${db.names.messages} WHERE acquired_by = $1`, [
         workerId,
@@ -218,6 +221,10 @@ describe("crash", () => {
       `UPDATE ${db.names.messages} SET lease_expires_at = now() - interval '1 second' WHERE acquired_by = $1`,
       [workerId],
     );
+    // Nothing of the child is still running: the ledger does not move while no worker runs.
+    await new Promise((r) => setTimeout(r, 300));
+    const later = await db.pool.query(`SELECT count(*)::int AS n FROM "${db.schema}".ledger`);
+    expect(later.rows[0].n).toBe(afterKill.rows[0].n);
     await workers.start({
       queues: {
         crash: async (_p, m) => {

@@ -7,6 +7,8 @@ import { createPublisher } from "../produce/publisher.js";
 import { defineQueue } from "../produce/queue.js";
 import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
 import { redactConnectionString } from "../util/redact.js";
+import { handle } from "../worker/options.js";
+import { createWorker } from "../worker/worker.js";
 import { databaseUrlFrom, parseCommandArgs, UsageError } from "./args.js";
 
 export const demoUsage = `Usage: outbox-worker demo [--orders N] [--data-dir DIR] [--database-url URL]
@@ -14,7 +16,8 @@ export const demoUsage = `Usage: outbox-worker demo [--orders N] [--data-dir DIR
 Zero-setup demo. Without DATABASE_URL it starts an embedded Postgres in DIR (default ./.outbox-data,
 kept between runs), installs the outbox schema, and places N orders: each one an order row and its
 outbox message written in ONE transaction. Every tenth order is rolled back to show that its message
-never appears. Then it shows what is waiting in the outbox through the lease-free unprocessed view.
+never appears. It shows what is waiting through the lease-free unprocessed view, then runs a worker
+that delivers every message.
 
 Options:
   --orders N           orders to place (default 20)
@@ -77,6 +80,38 @@ async function showOutbox(pool: pg.Pool, schema: string) {
   console.table(latest.rows.map((r) => ({ ...r, payload: JSON.stringify(r.payload) })));
 }
 
+/** Run a worker until the outbox is empty, printing each delivery. */
+async function deliver(url: string, pool: pg.Pool, schema: string) {
+  const names = outboxNames(schema);
+  const waiting = async () =>
+    (await pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM ${names.messages}`)).rows[0]?.n ?? 0;
+  const total = await waiting();
+  console.log(`\nStarting a worker to deliver ${total} message(s) ...`);
+  let delivered = 0;
+  const worker = createWorker({
+    connection: url,
+    schema,
+    logger: false,
+    queues: {
+      [orderPlaced.name]: handle(orderPlaced, (order, message) => {
+        console.log(
+          `  delivered message ${message.id}: order ${order.orderId} for ${order.customer} (${(order.totalCents / 100).toFixed(2)})`,
+        );
+      }),
+    },
+  });
+  worker.on("acked", () => {
+    delivered++;
+  });
+  const started = Date.now();
+  await worker.start();
+  while ((await waiting()) > 0 && Date.now() - started < 30_000) await new Promise((r) => setTimeout(r, 50));
+  await worker.stop();
+  console.log(
+    `Delivered ${delivered} message(s) in ${Date.now() - started} ms; ${await waiting()} left in the outbox.`,
+  );
+}
+
 function formatAge(
   age: { hours?: number; minutes?: number; seconds?: number; milliseconds?: number } | null,
 ) {
@@ -117,6 +152,8 @@ export async function demoCommand(argv: string[]): Promise<number> {
     stopEmbedded = server.stop;
   }
   const pool = new pg.Pool({ connectionString: url, max: 4, application_name: "outbox-demo" });
+  // An idle client cut by the server (say, the embedded one shutting down) must not crash the demo.
+  pool.on("error", () => {});
   try {
     console.log(`Database: ${redactConnectionString(url)}`);
     const result = await migrate({ connection: pool, schema });
@@ -134,9 +171,7 @@ export async function demoCommand(argv: string[]): Promise<number> {
       `\nPlaced ${orders} orders in ${Date.now() - started} ms: ${committed} committed (order + message), ${rolledBack} rolled back (neither).`,
     );
     await showOutbox(pool, schema);
-    console.log(
-      "\nThe worker (next release) delivers these; try: psql and SELECT * FROM outbox.unprocessed;",
-    );
+    await deliver(url, pool, schema);
     return 0;
   } finally {
     await pool.end();

@@ -3,7 +3,7 @@ import pg from "pg";
 import type { Logger } from "pino";
 import { z } from "zod";
 import { OutboxConfigError } from "../errors.js";
-import { validateQueueName } from "../produce/queue.js";
+import { type QueueDefinition, validateQueueName } from "../produce/queue.js";
 import type { RetryStrategy } from "../retry/strategies.js";
 import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
 
@@ -176,4 +176,16 @@ export function resolveWorkerOptions(input: WorkerOptions): ResolvedOptions {
     heartbeatMs: o.heartbeatMs ?? Math.max(250, Math.floor(o.leaseTtlMs / 3)),
     workerId: o.workerId ?? `${hostname()}/${process.pid}/${Math.random().toString(36).slice(2, 6)}`,
   };
+}
+
+/**
+ * A queue's handler typed by its definition: the worker validates payloads with the same zod schema the
+ * producer used, and the handler receives the schema's output type.
+ */
+export function handle<I, O>(
+  queue: QueueDefinition<I, O>,
+  handler: Handler<O>,
+  options: Omit<QueueConfig<O>, "handler" | "schema"> = {},
+): QueueConfig {
+  return { ...options, handler: handler as Handler, schema: queue.schema as z.ZodType | undefined };
 }

@@ -45,6 +45,19 @@ export interface Worker {
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
+/** True if `promise` settles within `ms`. The timer is cleared either way, so it never holds the process open. */
+async function within(promise: Promise<unknown>, ms: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<false>((resolve) => {
+    timer = setTimeout(() => resolve(false), ms);
+  });
+  try {
+    return await Promise.race([promise.then(() => true), timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 /**
  * Deliver committed outbox rows to handlers, at least once. See DESIGN §3: fetch → bounded local queue →
  * N dispatch loops → batched, token-guarded completion, with a heartbeat renewing every held lease.
@@ -325,10 +338,7 @@ export function createWorker(input: WorkerOptions): Worker {
     const released = await release(unstarted);
 
     let abandoned: string[] = [];
-    const finished = await Promise.race([
-      dispatcher.done().then(() => true),
-      sleep(Math.max(0, deadline - Date.now())).then(() => false),
-    ]);
+    const finished = await within(dispatcher.done(), Math.max(0, deadline - Date.now()));
     if (!finished) {
       abandoned = dispatcher.abandon(new Error("worker stop timeout"));
       for (const id of abandoned) {
@@ -339,10 +349,7 @@ export function createWorker(input: WorkerOptions): Worker {
       log.warn({ abandoned }, "stop timeout: handlers aborted, their leases are left to expire");
       emitter.emit("drain_timeout", { abandoned });
     }
-    const flushed = await Promise.race([
-      completer.idle().then(() => true),
-      sleep(Math.max(1000, deadline - Date.now())).then(() => false),
-    ]);
+    const flushed = await within(completer.idle(), Math.max(1000, deadline - Date.now()));
     completer.stop();
     await heartbeat.stop();
     if (ownsPool) await pool?.end().catch(() => {});
