@@ -4,6 +4,7 @@ import { redactConnectionString, redactSecrets } from "../util/redact.js";
 import { UsageError } from "./args.js";
 import { demoCommand, demoUsage } from "./demo-command.js";
 import { migrateCommand, migrateUsage } from "./migrate-command.js";
+import { runCommand, runUsage } from "./run-command.js";
 import { triggerCommand, triggerUsage } from "./trigger-command.js";
 
 const commands: Record<string, { run: (argv: string[]) => Promise<number>; usage: string; summary: string }> =
