@@ -9,6 +9,11 @@ import { triggerCommand, triggerUsage } from "./trigger-command.js";
 
 const commands: Record<string, { run: (argv: string[]) => Promise<number>; usage: string; summary: string }> =
   {
+    run: {
+      run: runCommand,
+      usage: runUsage,
+      summary: "run the worker as a service (handlers module and/or relays)",
+    },
     migrate: {
       run: migrateCommand,
       usage: migrateUsage,
