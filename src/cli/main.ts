@@ -2,9 +2,12 @@
 import { OutboxConfigError } from "../errors.js";
 import { redactConnectionString, redactSecrets } from "../util/redact.js";
 import { UsageError } from "./args.js";
+import { deadLettersCommand, deadLettersUsage } from "./dead-letters-command.js";
 import { demoCommand, demoUsage } from "./demo-command.js";
 import { migrateCommand, migrateUsage } from "./migrate-command.js";
+import { peekCommand, peekUsage } from "./peek-command.js";
 import { runCommand, runUsage } from "./run-command.js";
+import { statusCommand, statusUsage } from "./status-command.js";
 import { triggerCommand, triggerUsage } from "./trigger-command.js";
 
 const commands: Record<string, { run: (argv: string[]) => Promise<number>; usage: string; summary: string }> =
@@ -23,6 +26,21 @@ const commands: Record<string, { run: (argv: string[]) => Promise<number>; usage
       run: triggerCommand,
       usage: triggerUsage,
       summary: "enable/disable the wake-up trigger for plain-SQL producers",
+    },
+    status: {
+      run: statusCommand,
+      usage: statusUsage,
+      summary: "per-queue counts and oldest ready age (lease-free)",
+    },
+    peek: {
+      run: peekCommand,
+      usage: peekUsage,
+      summary: "list waiting messages (lease-free, changes nothing)",
+    },
+    "dead-letters": {
+      run: deadLettersCommand,
+      usage: deadLettersUsage,
+      summary: "list, show, replay or purge dead letters",
     },
     demo: { run: demoCommand, usage: demoUsage, summary: "zero-setup demo on an embedded Postgres" },
   };

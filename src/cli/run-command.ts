@@ -1,4 +1,127 @@
-export const runUsage = "Usage: outbox-worker run [options]";
-export async function runCommand(_argv: string[]): Promise<number> {
-  throw new Error("not implemented yet");
+import { ConfigError, loadServiceConfig } from "../service/config.js";
+import { createLogger } from "../service/logger.js";
+import { startService } from "../service/service.js";
+import { redactConnectionString } from "../util/redact.js";
+import { parseCommandArgs, UsageError } from "./args.js";
+
+export const runUsage = `Usage: outbox-worker run [--config FILE] [--handlers MODULE] [options]
+
+Run the worker as a service: deliver outbox rows to the handlers in MODULE and/or to the built-in relays
+in the config. Without DATABASE_URL it starts an embedded Postgres in ./.outbox-data (and migrates it).
+SIGTERM or SIGINT stops gracefully (exit 0); a second signal exits at once; a fatal failure exits 1.
+
+Options (each also settable in the config file and the environment; see README "Configuration"):
+  --config FILE        JSON, or a JS/TS module exporting the config (default: OUTBOX_CONFIG)
+  --handlers MODULE    module exporting { "queue": handler, ... } (OUTBOX_HANDLERS)
+  --database-url URL   Postgres connection string (DATABASE_URL)
+  --schema NAME        outbox schema (OUTBOX_SCHEMA, default outbox)
+  --http-port N        serve /healthz, /readyz and /metrics on port N (OUTBOX_HTTP_PORT)
+  --log-level LEVEL    fatal, error, warn, info, debug, trace, silent (OUTBOX_LOG_LEVEL)
+  --migrate            apply migrations before starting (OUTBOX_MIGRATE)
+  -h, --help           show this help`;
+
+export async function runCommand(argv: string[]): Promise<number> {
+  const { values } = parseCommandArgs(argv, {
+    config: { type: "string" },
+    handlers: { type: "string" },
+    "database-url": { type: "string" },
+    schema: { type: "string" },
+    "http-port": { type: "string" },
+    "log-level": { type: "string" },
+    migrate: { type: "boolean" },
+  });
+  if (values.help) {
+    console.log(runUsage);
+    return 0;
+  }
+  const port = values["http-port"];
+  if (port !== undefined && !/^\d+$/.test(String(port))) {
+    throw new UsageError(`--http-port must be a port number, got ${JSON.stringify(port)}`);
+  }
+  let config: Awaited<ReturnType<typeof loadServiceConfig>>;
+  try {
+    config = await loadServiceConfig({
+      file: (values.config as string | undefined) ?? process.env.OUTBOX_CONFIG,
+      overrides: {
+        handlers: values.handlers,
+        databaseUrl: values["database-url"],
+        schema: values.schema,
+        "http.port": port === undefined ? undefined : Number(port),
+        "log.level": values["log-level"],
+        migrate: values.migrate,
+      },
+    });
+  } catch (error) {
+    if (error instanceof ConfigError) {
+      console.error(`outbox-worker run: ${error.message}`);
+      return 2;
+    }
+    throw error;
+  }
+
+  const log = createLogger(config.log);
+  // Signals are caught from the very start: one that arrives while starting stops right after.
+  let signalled: NodeJS.Signals | undefined;
+  let onStopRequested: (() => void) | undefined;
+  const onSignal = (signal: NodeJS.Signals) => {
+    if (signalled) {
+      // The operator asked twice: leave now; leases of running handlers expire and are retried.
+      log.warn({ signal }, "second signal: exiting at once");
+      process.exit(signal === "SIGINT" ? 130 : 143);
+    }
+    signalled = signal;
+    log.info({ signal }, "stopping gracefully (send the signal again to exit at once)");
+    onStopRequested?.();
+  };
+  process.on("SIGTERM", onSignal);
+  process.on("SIGINT", onSignal);
+
+  let service: Awaited<ReturnType<typeof startService>>;
+  try {
+    service = await startService(config, log);
+  } catch (error) {
+    if (error instanceof ConfigError) {
+      console.error(`outbox-worker run: ${error.message}`);
+      return 2;
+    }
+    log.fatal({ err: error }, "could not start");
+    return 1;
+  }
+  log.info(
+    {
+      database: config.databaseUrl ? redactConnectionString(config.databaseUrl) : "embedded",
+      http: service.httpPort,
+    },
+    "outbox-worker running",
+  );
+
+  const code = await new Promise<number>((resolve) => {
+    const stop = () => {
+      service.stop().then(
+        (result) => {
+          if (!result.drained) {
+            log.warn(
+              { abandoned: result.abandoned },
+              "stopped without draining: leases of aborted handlers will expire",
+            );
+          }
+          resolve(0);
+        },
+        (error) => {
+          log.error({ err: error }, "error while stopping");
+          resolve(1);
+        },
+      );
+    };
+    if (signalled) stop();
+    else onStopRequested = stop;
+    service.worker.wait().catch(async (error: Error) => {
+      if (signalled) return;
+      log.fatal({ err: error }, `worker gave up: ${error.message}`);
+      await service.stop().catch(() => {});
+      resolve(1);
+    });
+  });
+  // Broker clients and timers of our own are closed; exit now rather than wait on anything left open.
+  process.exit(code);
 }

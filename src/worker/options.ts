@@ -35,6 +35,56 @@ export interface QueueConfig<P = unknown> {
 
 const positiveMs = (max: number) => z.number().int().positive().max(max);
 
+/**
+ * The worker's tuning knobs: one schema shared by `createWorker` and the service config, so a field means
+ * the same thing (and fails the same way) in code, in a config file and in an environment variable.
+ */
+export const workerTuningShape = {
+  concurrency: z.number().int().min(1).max(10_000).default(10),
+  batchSize: z.number().int().min(1).max(10_000).default(100),
+  leaseTtlMs: z.number().int().min(1000).max(86_400_000).default(30_000),
+  heartbeatMs: positiveMs(43_200_000).optional(),
+  minPollIntervalMs: positiveMs(3_600_000).default(100),
+  maxPollIntervalMs: positiveMs(3_600_000).default(2000),
+  listen: z.boolean().default(true),
+  maxDeliveries: z.number().int().min(1).max(1_000_000).default(25),
+  maxAttempts: z.number().int().min(1).max(1_000_000).default(10),
+  completionBatchSize: z.number().int().min(1).max(10_000).default(1000),
+  completionWindowMs: z.number().min(0).max(1000).default(1),
+  maxConsecutiveFailures: z.number().int().min(1).max(1_000_000).default(30),
+  loopBackoffBaseMs: positiveMs(60_000).default(100),
+  loopBackoffMaxMs: positiveMs(600_000).default(10_000),
+  stopTimeoutMs: z.number().int().min(0).max(3_600_000).default(30_000),
+  maxErrorLength: z.number().int().min(100).max(1_000_000).default(4000),
+};
+
+export const workerTuningSchema = z.strictObject(workerTuningShape);
+export type WorkerTuning = z.output<typeof workerTuningSchema>;
+
+type TuningIssue = { path: (string | number)[]; message: string };
+
+/** Cross-field checks of the tuning fields, with paths relative to the tuning object. */
+export function tuningIssues(o: WorkerTuning): TuningIssue[] {
+  const issues: TuningIssue[] = [];
+  // The heartbeat must renew well before the lease runs out, or a slow handler is delivered twice.
+  if (o.heartbeatMs !== undefined && o.heartbeatMs * 2 > o.leaseTtlMs) {
+    issues.push({
+      path: ["heartbeatMs"],
+      message: `must be at most half of leaseTtlMs (${o.leaseTtlMs}), got ${o.heartbeatMs}`,
+    });
+  }
+  if (o.minPollIntervalMs > o.maxPollIntervalMs) {
+    issues.push({
+      path: ["minPollIntervalMs"],
+      message: `must not exceed maxPollIntervalMs (${o.maxPollIntervalMs}), got ${o.minPollIntervalMs}`,
+    });
+  }
+  if (o.loopBackoffBaseMs > o.loopBackoffMaxMs) {
+    issues.push({ path: ["loopBackoffBaseMs"], message: "must not exceed loopBackoffMaxMs" });
+  }
+  return issues;
+}
+
 const queueConfigSchema = z.strictObject({
   handler: z.custom<Handler>((v) => typeof v === "function", "must be a function"),
   schema: z.custom<z.ZodType>((v) => v instanceof z.ZodType, "must be a zod schema").optional(),
@@ -62,25 +112,10 @@ const optionsSchema = z
         ]),
       )
       .refine((q) => Object.keys(q).length > 0, "serve at least one queue"),
-    concurrency: z.number().int().min(1).max(10_000).default(10),
-    batchSize: z.number().int().min(1).max(10_000).default(100),
-    leaseTtlMs: z.number().int().min(1000).max(86_400_000).default(30_000),
-    heartbeatMs: positiveMs(43_200_000).optional(),
-    minPollIntervalMs: positiveMs(3_600_000).default(100),
-    maxPollIntervalMs: positiveMs(3_600_000).default(2000),
-    listen: z.boolean().default(true),
-    maxDeliveries: z.number().int().min(1).max(1_000_000).default(25),
-    maxAttempts: z.number().int().min(1).max(1_000_000).default(10),
+    ...workerTuningShape,
     retry: z
       .custom<RetryStrategy>((v) => typeof v === "function", "must be a retry strategy function")
       .optional(),
-    completionBatchSize: z.number().int().min(1).max(10_000).default(1000),
-    completionWindowMs: z.number().min(0).max(1000).default(1),
-    maxConsecutiveFailures: z.number().int().min(1).max(1_000_000).default(30),
-    loopBackoffBaseMs: positiveMs(60_000).default(100),
-    loopBackoffMaxMs: positiveMs(600_000).default(10_000),
-    stopTimeoutMs: z.number().int().min(0).max(3_600_000).default(30_000),
-    maxErrorLength: z.number().int().min(100).max(1_000_000).default(4000),
     workerId: z.string().min(1).max(200).optional(),
     logger: z
       .custom<Logger | false>(
@@ -106,28 +141,7 @@ const optionsSchema = z
         });
       }
     }
-    // The heartbeat must renew well before the lease runs out, or a slow handler is delivered twice.
-    if (o.heartbeatMs !== undefined && o.heartbeatMs * 2 > o.leaseTtlMs) {
-      ctx.addIssue({
-        code: "custom",
-        path: ["heartbeatMs"],
-        message: `must be at most half of leaseTtlMs (${o.leaseTtlMs}), got ${o.heartbeatMs}`,
-      });
-    }
-    if (o.minPollIntervalMs > o.maxPollIntervalMs) {
-      ctx.addIssue({
-        code: "custom",
-        path: ["minPollIntervalMs"],
-        message: `must not exceed maxPollIntervalMs (${o.maxPollIntervalMs}), got ${o.minPollIntervalMs}`,
-      });
-    }
-    if (o.loopBackoffBaseMs > o.loopBackoffMaxMs) {
-      ctx.addIssue({
-        code: "custom",
-        path: ["loopBackoffBaseMs"],
-        message: "must not exceed loopBackoffMaxMs",
-      });
-    }
+    for (const issue of tuningIssues(o)) ctx.addIssue({ code: "custom", ...issue });
   });
 
 export type WorkerOptions = z.input<typeof optionsSchema>;

@@ -1,0 +1,308 @@
+import { readFile } from "node:fs/promises";
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+import { z } from "zod";
+import { validateQueueName } from "../produce/queue.js";
+import { relayConfigSchema } from "../relay/config.js";
+import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
+import { tuningIssues, workerTuningShape } from "../worker/options.js";
+
+/**
+ * The service's configuration: one zod schema, fed by a file (JSON or a JS/TS module), then environment
+ * variables, then command-line flags, each overriding the one before. The worker fields are the library's
+ * own schema (workerTuningShape), so code, files and env agree on names, defaults and limits.
+ */
+export const LOG_LEVELS = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
+
+export const serviceConfigSchema = z
+  .strictObject({
+    databaseUrl: z.string().min(1).optional(),
+    schema: z.string().default(DEFAULT_SCHEMA),
+    handlers: z.string().min(1).optional(),
+    relays: z.record(z.string(), relayConfigSchema).default({}),
+    migrate: z.boolean().default(false),
+    dataDir: z.string().min(1).default(".outbox-data"),
+    worker: z.strictObject(workerTuningShape).default(() => z.strictObject(workerTuningShape).parse({})),
+    http: z
+      .strictObject({
+        port: z.number().int().min(0).max(65_535).optional(),
+        host: z.string().min(1).default("0.0.0.0"),
+        gaugeIntervalMs: z.number().int().min(100).max(3_600_000).default(5000),
+      })
+      .default({ host: "0.0.0.0", gaugeIntervalMs: 5000 }),
+    log: z
+      .strictObject({ level: z.enum(LOG_LEVELS).default("info"), pretty: z.boolean().optional() })
+      .default({ level: "info" }),
+  })
+  .superRefine((c, ctx) => {
+    try {
+      validateSchemaName(c.schema);
+    } catch (error) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["schema"],
+        message: (error as Error & { reason: string }).reason,
+      });
+    }
+    for (const queue of Object.keys(c.relays)) {
+      try {
+        validateQueueName(queue);
+      } catch (error) {
+        ctx.addIssue({
+          code: "custom",
+          path: ["relays", queue],
+          message: (error as Error & { reason: string }).reason,
+        });
+      }
+    }
+    for (const issue of tuningIssues(c.worker)) {
+      ctx.addIssue({ code: "custom", path: ["worker", ...issue.path], message: issue.message });
+    }
+  });
+
+export type ServiceConfig = z.output<typeof serviceConfigSchema>;
+export type ServiceConfigInput = z.input<typeof serviceConfigSchema>;
+
+type FieldType = "string" | "integer" | "number" | "boolean" | "json" | "enum";
+
+/** One settable leaf of the config: where it lives, its environment variable, and what it is for. */
+export interface ConfigField {
+  path: string;
+  env: string;
+  type: FieldType;
+  description: string;
+}
+
+const TUNING_DESCRIPTIONS: Record<keyof typeof workerTuningShape, string> = {
+  concurrency: "handlers running at once",
+  batchSize: "rows leased per fetch (the local queue holds at most max(batchSize, concurrency))",
+  leaseTtlMs: "lease length; a crashed worker's rows are retried after it",
+  heartbeatMs: "lease renewal period (default a third of leaseTtlMs, at most half)",
+  minPollIntervalMs: "poll interval while rows keep coming",
+  maxPollIntervalMs: "poll interval after empty fetches (doubling from the minimum, jittered)",
+  listen: "wake on LISTEN/NOTIFY (polling always runs)",
+  maxDeliveries: "leases after which a row is dead-lettered as max_deliveries",
+  maxAttempts: "failures (transient ones excluded) before retries_exhausted",
+  completionBatchSize: "outcomes written per statement at most",
+  completionWindowMs: "how long outcomes gather before a write",
+  maxConsecutiveFailures: "failed fetches or writes in a row before the worker gives up (exit 1)",
+  loopBackoffBaseMs: "first backoff after a database failure",
+  loopBackoffMaxMs: "longest backoff after database failures",
+  stopTimeoutMs: "how long SIGTERM waits for running handlers",
+  maxErrorLength: "longest error text kept in last_error and dead letters",
+};
+
+const envName = (key: string) => `OUTBOX_${key.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase()}`;
+
+export const configFields: ConfigField[] = [
+  {
+    path: "databaseUrl",
+    env: "DATABASE_URL",
+    type: "string",
+    description: "Postgres connection string; unset: an embedded Postgres in dataDir",
+  },
+  { path: "schema", env: "OUTBOX_SCHEMA", type: "string", description: "outbox schema" },
+  {
+    path: "handlers",
+    env: "OUTBOX_HANDLERS",
+    type: "string",
+    description: "module exporting queue → handler (or queue definitions)",
+  },
+  {
+    path: "relays",
+    env: "OUTBOX_RELAYS",
+    type: "json",
+    description: "queue → built-in relay (http, redis, nats, rabbitmq); JSON in the environment",
+  },
+  { path: "migrate", env: "OUTBOX_MIGRATE", type: "boolean", description: "apply migrations at start" },
+  {
+    path: "dataDir",
+    env: "OUTBOX_DATA_DIR",
+    type: "string",
+    description: "embedded Postgres data folder (when databaseUrl is unset)",
+  },
+  ...Object.entries(TUNING_DESCRIPTIONS).map(([key, description]) => ({
+    path: `worker.${key}`,
+    env: envName(key),
+    type: (key === "listen" ? "boolean" : key === "completionWindowMs" ? "number" : "integer") as FieldType,
+    description,
+  })),
+  {
+    path: "http.port",
+    env: "OUTBOX_HTTP_PORT",
+    type: "integer",
+    description: "port for /healthz, /readyz, /metrics; unset: no HTTP server",
+  },
+  {
+    path: "http.host",
+    env: "OUTBOX_HTTP_HOST",
+    type: "string",
+    description: "address the HTTP server binds",
+  },
+  {
+    path: "http.gaugeIntervalMs",
+    env: "OUTBOX_GAUGE_INTERVAL_MS",
+    type: "integer",
+    description: "how often the backlog gauges are queried",
+  },
+  { path: "log.level", env: "OUTBOX_LOG_LEVEL", type: "enum", description: LOG_LEVELS.join(", ") },
+  {
+    path: "log.pretty",
+    env: "OUTBOX_LOG_PRETTY",
+    type: "boolean",
+    description: "readable lines instead of JSON (default: when stdout is a terminal)",
+  },
+];
+
+/** Thrown for a config that cannot run; `problems` name each field (and its env variable) with a hint. */
+export class ConfigError extends Error {
+  override name = "ConfigError";
+  constructor(readonly problems: string[]) {
+    super(`invalid config:\n${problems.map((p) => `  - ${p}`).join("\n")}`);
+  }
+}
+
+function parseEnvValue(field: ConfigField, raw: string): { value?: unknown; problem?: string } {
+  const where = `${field.path} (${field.env})`;
+  switch (field.type) {
+    case "integer":
+      return /^-?\d+$/.test(raw.trim())
+        ? { value: Number(raw) }
+        : { problem: `${where}: expected a whole number, got ${JSON.stringify(raw)}` };
+    case "number":
+      return raw.trim() !== "" && Number.isFinite(Number(raw))
+        ? { value: Number(raw) }
+        : { problem: `${where}: expected a number, got ${JSON.stringify(raw)}` };
+    case "boolean": {
+      const v = raw.trim().toLowerCase();
+      if (["true", "1", "yes", "on"].includes(v)) return { value: true };
+      if (["false", "0", "no", "off"].includes(v)) return { value: false };
+      return { problem: `${where}: expected true or false, got ${JSON.stringify(raw)}` };
+    }
+    case "json":
+      try {
+        return { value: JSON.parse(raw) };
+      } catch (error) {
+        return { problem: `${where}: not valid JSON (${(error as Error).message})` };
+      }
+    default:
+      return { value: raw };
+  }
+}
+
+function setPath(target: Record<string, unknown>, dotted: string, value: unknown): void {
+  const keys = dotted.split(".");
+  let node = target;
+  for (const key of keys.slice(0, -1)) {
+    if (typeof node[key] !== "object" || node[key] === null) node[key] = {};
+    node = node[key] as Record<string, unknown>;
+  }
+  node[keys[keys.length - 1] as string] = value;
+}
+
+function merge(base: Record<string, unknown>, over: Record<string, unknown>): Record<string, unknown> {
+  const out: Record<string, unknown> = { ...base };
+  for (const [key, value] of Object.entries(over)) {
+    const prev = out[key];
+    out[key] =
+      value &&
+      typeof value === "object" &&
+      !Array.isArray(value) &&
+      prev &&
+      typeof prev === "object" &&
+      key !== "relays"
+        ? merge(prev as Record<string, unknown>, value as Record<string, unknown>)
+        : value;
+  }
+  return out;
+}
+
+async function readConfigFile(file: string): Promise<Record<string, unknown>> {
+  const full = path.resolve(file);
+  let loaded: unknown;
+  try {
+    if (full.endsWith(".json")) {
+      loaded = JSON.parse(await readFile(full, "utf8"));
+    } else {
+      const mod = (await import(pathToFileURL(full).href)) as { default?: unknown };
+      loaded = mod.default ?? mod;
+      if (typeof loaded === "function") loaded = await (loaded as () => unknown)();
+    }
+  } catch (error) {
+    throw new ConfigError([`config file ${file}: ${(error as Error).message}`]);
+  }
+  if (!loaded || typeof loaded !== "object" || Array.isArray(loaded)) {
+    throw new ConfigError([`config file ${file}: must hold an object`]);
+  }
+  return loaded as Record<string, unknown>;
+}
+
+function fieldLabel(issuePath: PropertyKey[]): string {
+  const dotted = issuePath.map(String).join(".");
+  const field = configFields.find((f) => dotted === f.path || dotted.startsWith(`${f.path}.`));
+  return field ? `${dotted} (${field.env})` : dotted || "(config)";
+}
+
+function editDistance(a: string, b: string): number {
+  let prev = Array.from({ length: b.length + 1 }, (_, i) => i);
+  for (let i = 1; i <= a.length; i++) {
+    const next = [i];
+    for (let j = 1; j <= b.length; j++) {
+      next[j] = Math.min(
+        (prev[j] ?? 0) + 1,
+        (next[j - 1] ?? 0) + 1,
+        (prev[j - 1] ?? 0) + (a[i - 1] === b[j - 1] ? 0 : 1),
+      );
+    }
+    prev = next;
+  }
+  return prev[b.length] ?? 0;
+}
+
+/** A typo is the commonest config mistake: name the field we think was meant. */
+function unknownField(dotted: string): string {
+  const best = configFields
+    .map((f) => ({ path: f.path, env: f.env, d: editDistance(dotted.toLowerCase(), f.path.toLowerCase()) }))
+    .sort((x, y) => x.d - y.d)[0];
+  const hint = best && best.d <= 3 ? ` (did you mean ${best.path}, ${best.env}?)` : "";
+  return `${dotted}: unknown field${hint}`;
+}
+
+/**
+ * File, then environment, then flags. Every problem is collected and reported at once, before anything
+ * connects, each with its field and environment variable.
+ */
+export async function loadServiceConfig(options: {
+  file?: string;
+  env?: NodeJS.ProcessEnv;
+  overrides?: Record<string, unknown>;
+}): Promise<ServiceConfig> {
+  const env = options.env ?? process.env;
+  const fromFile = options.file ? await readConfigFile(options.file) : {};
+  const fromEnv: Record<string, unknown> = {};
+  const problems: string[] = [];
+  for (const field of configFields) {
+    const raw = env[field.env];
+    if (raw === undefined || raw === "") continue;
+    const { value, problem } = parseEnvValue(field, raw);
+    if (problem) problems.push(problem);
+    else setPath(fromEnv, field.path, value);
+  }
+  const fromFlags: Record<string, unknown> = {};
+  for (const [dotted, value] of Object.entries(options.overrides ?? {})) {
+    if (value !== undefined) setPath(fromFlags, dotted, value);
+  }
+  const merged = merge(merge(fromFile, fromEnv), fromFlags);
+  const parsed = serviceConfigSchema.safeParse(merged);
+  if (!parsed.success) {
+    for (const issue of parsed.error.issues) {
+      if (issue.code === "unrecognized_keys") {
+        for (const key of issue.keys) problems.push(unknownField([...issue.path, key].map(String).join(".")));
+      } else {
+        problems.push(`${fieldLabel(issue.path)}: ${issue.message}`);
+      }
+    }
+  }
+  if (problems.length > 0 || !parsed.success) throw new ConfigError(problems);
+  return parsed.data;
+}

@@ -1,0 +1,38 @@
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+import type { Handler, QueueConfig } from "../worker/options.js";
+import { ConfigError } from "./config.js";
+
+export type QueueHandlers = Record<string, Handler | QueueConfig>;
+
+/**
+ * Load the operator's handlers: a module whose default export (or `queues` export) maps queue names to a
+ * handler function or `{ handler, schema?, retry?, maxAttempts? }` (what `handle(queue, fn)` returns).
+ */
+export async function loadHandlersModule(file: string): Promise<QueueHandlers> {
+  const full = path.resolve(file);
+  let mod: Record<string, unknown>;
+  try {
+    mod = (await import(pathToFileURL(full).href)) as Record<string, unknown>;
+  } catch (error) {
+    throw new ConfigError([`handlers (OUTBOX_HANDLERS): cannot load ${file}: ${(error as Error).message}`]);
+  }
+  const exported = (mod.queues ?? mod.default) as unknown;
+  if (!exported || typeof exported !== "object") {
+    throw new ConfigError([
+      `handlers (OUTBOX_HANDLERS): ${file} must export default (or "queues") an object of queue name → handler`,
+    ]);
+  }
+  const problems: string[] = [];
+  for (const [queue, entry] of Object.entries(exported)) {
+    const ok =
+      typeof entry === "function" ||
+      (entry && typeof entry === "object" && typeof (entry as { handler?: unknown }).handler === "function");
+    if (!ok)
+      problems.push(
+        `handlers (OUTBOX_HANDLERS): queue "${queue}" in ${file} is not a handler function or { handler }`,
+      );
+  }
+  if (problems.length) throw new ConfigError(problems);
+  return exported as QueueHandlers;
+}

@@ -1,0 +1,97 @@
+import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
+import pino, { type Logger } from "pino";
+import type { Registry } from "prom-client";
+
+export interface HttpServerOptions {
+  /** 0 picks a free port; the real one is returned. */
+  port: number;
+  host?: string;
+  metrics: { registry: Registry };
+  readiness: { check(): Promise<{ ready: boolean }> };
+  logger?: Logger;
+  /** How long close() lets requests in flight finish before cutting their connections. */
+  closeGraceMs?: number;
+}
+
+export interface HttpServer {
+  readonly port: number;
+  /** Stops accepting, then ends every connection within the grace period. Idempotent. */
+  close(): Promise<void>;
+}
+
+const DEFAULT_CLOSE_GRACE_MS = 2000;
+const ROUTES = new Set(["/healthz", "/readyz", "/metrics"]);
+
+function send(res: ServerResponse, status: number, contentType: string, body: string) {
+  res.writeHead(status, {
+    "content-type": contentType,
+    "content-length": Buffer.byteLength(body),
+    "cache-control": "no-store",
+  });
+  res.end(body);
+}
+
+const json = (res: ServerResponse, status: number, value: unknown) =>
+  send(res, status, "application/json; charset=utf-8", JSON.stringify(value));
+
+/** /healthz, /readyz and /metrics on node:http: nothing else is served. */
+export function startHttpServer(opts: HttpServerOptions): Promise<HttpServer> {
+  const log = opts.logger ?? pino({ name: "outbox-http" });
+  const graceMs = opts.closeGraceMs ?? DEFAULT_CLOSE_GRACE_MS;
+
+  async function route(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const path = new URL(req.url ?? "/", "http://localhost").pathname;
+    if (!ROUTES.has(path)) return json(res, 404, { error: "not found" });
+    if (req.method !== "GET") {
+      res.setHeader("allow", "GET");
+      return json(res, 405, { error: "method not allowed" });
+    }
+    if (path === "/healthz") return json(res, 200, { status: "ok" });
+    if (path === "/readyz") {
+      try {
+        const report = await opts.readiness.check();
+        return json(res, report.ready ? 200 : 503, report);
+      } catch (error) {
+        log.warn({ err: error }, "readiness check failed");
+        return json(res, 503, { ready: false, error: "readiness check failed" });
+      }
+    }
+    const body = await opts.metrics.registry.metrics();
+    return send(res, 200, opts.metrics.registry.contentType, body);
+  }
+
+  const server = createServer((req, res) => {
+    route(req, res).catch((error: unknown) => {
+      log.warn({ err: error, url: req.url }, "service endpoint failed");
+      if (!res.headersSent) json(res, 500, { error: "internal error" });
+      else res.destroy();
+    });
+  });
+
+  return new Promise((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(opts.port, opts.host ?? "0.0.0.0", () => {
+      server.off("error", reject);
+      server.on("error", (error) => log.warn({ err: error }, "service http server error"));
+      const { port } = server.address() as AddressInfo;
+      log.debug({ port, host: opts.host ?? "0.0.0.0" }, "service endpoints listening");
+      let closing: Promise<void> | undefined;
+      resolve({
+        port,
+        close() {
+          closing ??= new Promise<void>((done) => {
+            const timer = setTimeout(() => server.closeAllConnections(), graceMs);
+            server.close(() => {
+              clearTimeout(timer);
+              done();
+            });
+            // Idle keep-alive sockets would otherwise hold close() open until they time out.
+            server.closeIdleConnections();
+          });
+          return closing;
+        },
+      });
+    });
+  });
+}

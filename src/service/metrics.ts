@@ -1,0 +1,206 @@
+import type pg from "pg";
+import pino, { type Logger } from "pino";
+import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client";
+import { type QueueStatus, queueStatus } from "../inspect/status.js";
+import type { ListenerState } from "../notify/notifier.js";
+import type { Worker } from "../worker/worker.js";
+
+export interface MetricsOptions {
+  pool: pg.Pool;
+  schema: string;
+  /** Where the metrics are registered; a fresh registry when omitted. */
+  registry?: Registry;
+  /** Period of the queue gauge refresh; one `queueStatus` query per period. */
+  gaugeIntervalMs?: number;
+  /** Also export the process and Node.js runtime metrics of prom-client. */
+  collectDefault?: boolean;
+  logger?: Logger;
+}
+
+export interface Metrics {
+  readonly registry: Registry;
+  /** Count the worker's events from now on; returns the unsubscribe function. */
+  observe(worker: Worker): () => void;
+  /** Refresh the queue gauges periodically. The timer does not hold the process open. */
+  start(): void;
+  /** Refresh the queue gauges now; waits for a refresh already running, then runs a fresh one. */
+  refresh(): Promise<void>;
+  /** Stop the periodic refresh and wait for a running one. Worker subscriptions stay until unsubscribed. */
+  stop(): Promise<void>;
+}
+
+const DEFAULT_GAUGE_INTERVAL_MS = 5000;
+const ERROR_LOG_INTERVAL_MS = 60_000;
+/** 1 ms to 60 s: handlers range from an in-memory write to a slow remote call. */
+const DURATION_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
+const LISTENER_STATES = Object.keys({
+  connecting: true,
+  listening: true,
+  reconnecting: true,
+  poll_only: true,
+  stopped: true,
+} satisfies Record<ListenerState, true>) as ListenerState[];
+
+type QueueGauge = keyof Omit<QueueStatus, "queue">;
+
+/** Prometheus metrics for one outbox schema: worker events as counters, queue state as gauges. */
+export function createMetrics(opts: MetricsOptions): Metrics {
+  const registry = opts.registry ?? new Registry();
+  const intervalMs = opts.gaugeIntervalMs ?? DEFAULT_GAUGE_INTERVAL_MS;
+  const log = (opts.logger ?? pino({ name: "outbox-metrics" })).child({ schema: opts.schema });
+  const registers = [registry];
+  // A shared registry may already carry them (the app's own prom-client setup): registering twice throws.
+  if ((opts.collectDefault ?? true) && !registry.getSingleMetric("process_cpu_user_seconds_total")) {
+    collectDefaultMetrics({ register: registry });
+  }
+
+  const counter = <L extends string>(name: string, help: string, labelNames: L[] = []) =>
+    new Counter<L>({ name, help, labelNames, registers });
+  const gauge = <L extends string>(name: string, help: string, labelNames: L[]) =>
+    new Gauge<L>({ name, help, labelNames, registers });
+
+  const fetched = counter("outbox_fetched_total", "Rows leased by fetches.");
+  const acked = counter("outbox_acked_total", "Messages handled and deleted.", ["queue"]);
+  const retried = counter("outbox_retried_total", "Handler failures scheduled for a retry.", [
+    "queue",
+    "transient",
+  ]);
+  const dead = counter("outbox_dead_lettered_total", "Messages moved to dead letters.", ["queue", "reason"]);
+  const leaseLost = counter("outbox_lease_lost_total", "Leases taken over by another worker.", [
+    "queue",
+    "phase",
+  ]);
+  const loopErrors = counter("outbox_loop_errors_total", "Failed database round trips per loop.", ["loop"]);
+  const released = counter("outbox_released_total", "Fetched rows handed back unstarted on stop.");
+  const refreshErrors = counter("outbox_gauge_refresh_errors_total", "Failed queue gauge refreshes.");
+  const duration = new Histogram<"queue">({
+    name: "outbox_handler_duration_seconds",
+    help: "Handler run time of acked messages.",
+    labelNames: ["queue"],
+    buckets: DURATION_BUCKETS,
+    registers,
+  });
+  const listener = gauge("outbox_listener_state", "1 for the LISTEN connection's current state.", ["state"]);
+  for (const state of LISTENER_STATES) listener.set({ state }, 0);
+
+  const queueGauges: Record<QueueGauge, Gauge<"queue">> = {
+    ready: gauge("outbox_backlog", "Messages ready for delivery now.", ["queue"]),
+    scheduled: gauge("outbox_scheduled", "Messages waiting for their available_at.", ["queue"]),
+    leased: gauge("outbox_leased", "Messages under a live lease.", ["queue"]),
+    expired: gauge("outbox_lease_expired", "Messages whose lease expired unfinished.", ["queue"]),
+    dead: gauge("outbox_dead_letters", "Rows in dead_letters.", ["queue"]),
+    oldest_ready_age_s: gauge(
+      "outbox_oldest_ready_age_seconds",
+      "Seconds the oldest ready message has been deliverable; 0 when none is ready.",
+      ["queue"],
+    ),
+  };
+  const seenQueues = new Set<string>();
+
+  function setGauges(rows: QueueStatus[]) {
+    const present = new Set<string>();
+    for (const row of rows) {
+      present.add(row.queue);
+      seenQueues.add(row.queue);
+      for (const [key, g] of Object.entries(queueGauges) as [QueueGauge, Gauge<"queue">][]) {
+        g.set({ queue: row.queue }, Number(row[key] ?? 0));
+      }
+    }
+    // A drained queue drops out of the query; left alone its gauges would show the last backlog forever.
+    for (const queue of seenQueues) {
+      if (present.has(queue)) continue;
+      for (const g of Object.values(queueGauges)) g.set({ queue }, 0);
+    }
+  }
+
+  let lastErrorLogAt = Number.NEGATIVE_INFINITY;
+  let suppressed = 0;
+  function refreshFailed(error: unknown) {
+    refreshErrors.inc();
+    const now = Date.now();
+    if (now - lastErrorLogAt < ERROR_LOG_INTERVAL_MS) {
+      suppressed++;
+      return;
+    }
+    log.warn({ err: error, suppressed }, "queue gauge refresh failed");
+    lastErrorLogAt = now;
+    suppressed = 0;
+  }
+
+  let running: Promise<void> | undefined;
+  let queued: Promise<void> | undefined;
+  function refresh(): Promise<void> {
+    if (!running) {
+      running = queueStatus(opts.pool, opts.schema)
+        .then(setGauges, (error: unknown) => {
+          refreshFailed(error);
+          throw error;
+        })
+        .finally(() => {
+          running = undefined;
+        });
+      return running;
+    }
+    // A caller may have just changed the rows: the running query could predate that, so queue one more.
+    queued ??= running
+      .catch(() => {})
+      .then(() => {
+        queued = undefined;
+        return refresh();
+      });
+    return queued;
+  }
+
+  let timer: NodeJS.Timeout | undefined;
+  let active = false;
+  function schedule() {
+    if (!active || timer) return;
+    timer = setTimeout(() => {
+      timer = undefined;
+      refresh()
+        .catch(() => {})
+        .finally(schedule);
+    }, intervalMs);
+    timer.unref();
+  }
+
+  function observe(worker: Worker): () => void {
+    const offs = [
+      worker.on("fetched", (e) => fetched.inc(e.count)),
+      worker.on("acked", (e) => {
+        acked.inc({ queue: e.queue });
+        duration.observe({ queue: e.queue }, e.durationMs / 1000);
+      }),
+      worker.on("retried", (e) => retried.inc({ queue: e.queue, transient: String(e.transient) })),
+      worker.on("dead_lettered", (e) => dead.inc({ queue: e.queue, reason: e.reason })),
+      worker.on("lease_lost", (e) => leaseLost.inc({ queue: e.queue, phase: e.phase })),
+      worker.on("loop_error", (e) => loopErrors.inc({ loop: e.loop })),
+      worker.on("released", (e) => released.inc(e.count)),
+      worker.on("listener", (e) => {
+        for (const state of LISTENER_STATES) listener.set({ state }, state === e.state ? 1 : 0);
+      }),
+    ];
+    return () => {
+      for (const off of offs) off();
+    };
+  }
+
+  return {
+    registry,
+    observe,
+    start() {
+      if (active) return;
+      active = true;
+      void refresh()
+        .catch(() => {})
+        .finally(schedule);
+    },
+    refresh,
+    async stop() {
+      active = false;
+      clearTimeout(timer);
+      timer = undefined;
+      await Promise.allSettled([running, queued]);
+    },
+  };
+}

@@ -1,0 +1,140 @@
+import pg from "pg";
+import type { Logger } from "pino";
+import { type EmbeddedPostgresHandle, startEmbeddedPostgres } from "../embedded/embedded-postgres.js";
+import { migrate } from "../migrate/migrator.js";
+import { createRelay } from "../relay/create-relay.js";
+import type { Relay } from "../relay/relay.js";
+import { redactConnectionString } from "../util/redact.js";
+import { createWorker, type StopResult, type Worker } from "../worker/worker.js";
+import { ConfigError, type ServiceConfig } from "./config.js";
+import { loadHandlersModule, type QueueHandlers } from "./handlers-module.js";
+import { startHttpServer } from "./http-server.js";
+import { createMetrics } from "./metrics.js";
+import { createReadiness } from "./readiness.js";
+
+export interface RunningService {
+  worker: Worker;
+  /** The HTTP port actually bound, when the server is on. */
+  httpPort: number | undefined;
+  /** Graceful: stop leasing, finish handlers within the timeout, release the rest, close everything. */
+  stop(): Promise<StopResult>;
+}
+
+/** Everything `outbox-worker run` starts, in dependency order; `stop` closes it in reverse. */
+export async function startService(config: ServiceConfig, log: Logger): Promise<RunningService> {
+  // Handlers and relays first: a wrong module or relay is a config error, reported before connecting.
+  const handlers: QueueHandlers = config.handlers ? await loadHandlersModule(config.handlers) : {};
+  const clash = Object.keys(config.relays).filter((q) => q in handlers);
+  if (clash.length) {
+    throw new ConfigError(
+      clash.map((q) => `relays.${q} (OUTBOX_RELAYS): queue "${q}" also has a handler in the handlers module`),
+    );
+  }
+  if (Object.keys(handlers).length + Object.keys(config.relays).length === 0) {
+    throw new ConfigError([
+      "handlers (OUTBOX_HANDLERS) / relays (OUTBOX_RELAYS): nothing to serve: name a handlers module or configure a relay",
+    ]);
+  }
+
+  const closers: (() => Promise<unknown>)[] = [];
+  const closeAll = async () => {
+    for (const close of closers.reverse())
+      await close().catch((error) => log.warn({ err: error }, "close failed"));
+  };
+  try {
+    let url = config.databaseUrl;
+    let embedded: EmbeddedPostgresHandle | undefined;
+    if (!url) {
+      log.info({ dataDir: config.dataDir }, "no DATABASE_URL: starting the embedded Postgres");
+      embedded = await startEmbeddedPostgres({
+        dataDir: config.dataDir,
+        persistent: true,
+        handleSignals: false,
+        onNotice: (message) => log.info(message),
+        onLog: (line) => log.debug({ postgres: line.trim() }, "embedded postgres"),
+      });
+      closers.push(() => (embedded as EmbeddedPostgresHandle).stop());
+      url = embedded.url;
+    }
+    log.info({ database: redactConnectionString(url), schema: config.schema }, "database");
+    if (config.migrate || embedded) {
+      const result = await migrate({ connection: url, schema: config.schema });
+      log.info({ applied: result.applied.map((m) => m.name), version: result.version }, "migrations checked");
+    }
+
+    const relays: Relay[] = [];
+    closers.push(() => Promise.all(relays.map((r) => r.close())));
+    const queues = { ...handlers };
+    for (const [queue, relayConfig] of Object.entries(config.relays)) {
+      const relay = await createRelay(relayConfig, { logger: log.child({ relay: relayConfig.type, queue }) });
+      relays.push(relay);
+      queues[queue] = relay.handler;
+    }
+
+    const pool = new pg.Pool({
+      connectionString: url,
+      max: 8,
+      application_name: "outbox-worker",
+      keepAlive: true,
+    });
+    pool.on("error", (error) =>
+      log.warn({ err: error }, "idle database connection failed; the pool replaces it"),
+    );
+    closers.push(() => pool.end());
+
+    const worker = createWorker({
+      ...config.worker,
+      connection: pool,
+      listenConnection: url,
+      schema: config.schema,
+      queues,
+      logger: log,
+    });
+
+    let httpPort: number | undefined;
+    let markStopping = () => {};
+    if (config.http.port !== undefined) {
+      const metrics = createMetrics({
+        pool,
+        schema: config.schema,
+        gaugeIntervalMs: config.http.gaugeIntervalMs,
+        logger: log,
+      });
+      const readiness = createReadiness({ pool, schema: config.schema, listen: config.worker.listen });
+      metrics.observe(worker);
+      readiness.observe(worker);
+      // /readyz turns 503 as soon as a stop begins, so a load balancer stops sending work here.
+      markStopping = () => readiness.markStopping();
+      metrics.start();
+      closers.push(() => metrics.stop());
+      const server = await startHttpServer({
+        port: config.http.port,
+        host: config.http.host,
+        metrics,
+        readiness,
+        logger: log,
+      });
+      closers.push(() => server.close());
+      httpPort = server.port;
+      log.info(
+        { port: httpPort, host: config.http.host },
+        "http server listening: /healthz /readyz /metrics",
+      );
+    }
+
+    await worker.start();
+    let stopping: Promise<StopResult> | undefined;
+    return {
+      worker,
+      httpPort,
+      stop: () => {
+        markStopping();
+        stopping ??= worker.stop({ timeoutMs: config.worker.stopTimeoutMs }).finally(closeAll);
+        return stopping;
+      },
+    };
+  } catch (error) {
+    await closeAll();
+    throw error;
+  }
+}

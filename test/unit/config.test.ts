@@ -1,0 +1,164 @@
+import { mkdtemp, readFile, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { describe, expect, it } from "vitest";
+import { ConfigError, configFields, loadServiceConfig } from "../../src/service/config.js";
+import { renderConfigTable } from "../../src/service/config-table.js";
+import { prettyLine } from "../../src/service/logger.js";
+
+async function problems(options: Parameters<typeof loadServiceConfig>[0]): Promise<string[]> {
+  try {
+    await loadServiceConfig(options);
+  } catch (error) {
+    if (error instanceof ConfigError) return error.problems;
+    throw error;
+  }
+  throw new Error("expected a ConfigError");
+}
+
+describe("service config", () => {
+  it("has defaults for everything but the database", async () => {
+    const config = await loadServiceConfig({ env: {} });
+    expect(config).toMatchObject({
+      schema: "outbox",
+      migrate: false,
+      relays: {},
+      worker: { concurrency: 10, batchSize: 100, leaseTtlMs: 30_000, listen: true },
+      http: { host: "0.0.0.0", gaugeIntervalMs: 5000 },
+      log: { level: "info" },
+    });
+    expect(config.databaseUrl).toBeUndefined();
+    expect(config.http.port).toBeUndefined();
+  });
+
+  it("reads the environment with types, and flags override it, which overrides the file", async () => {
+    const dir = await mkdtemp(path.join(tmpdir(), "outbox-config-"));
+    const file = path.join(dir, "c.json");
+    await writeFile(
+      file,
+      JSON.stringify({ schema: "from_file", worker: { concurrency: 3, batchSize: 7 }, http: { port: 1 } }),
+    );
+    const config = await loadServiceConfig({
+      file,
+      env: {
+        OUTBOX_CONCURRENCY: "4",
+        OUTBOX_LISTEN: "off",
+        OUTBOX_MIGRATE: "yes",
+        OUTBOX_RELAYS: JSON.stringify({ "order.placed": { type: "http", url: "http://127.0.0.1:9/hook" } }),
+        OUTBOX_COMPLETION_WINDOW_MS: "0.5",
+      },
+      overrides: { "http.port": 9464, schema: undefined },
+    });
+    expect(config.schema).toBe("from_file");
+    expect(config.worker).toMatchObject({
+      concurrency: 4,
+      batchSize: 7,
+      listen: false,
+      completionWindowMs: 0.5,
+    });
+    expect(config.migrate).toBe(true);
+    expect(config.http.port).toBe(9464);
+    expect(config.relays["order.placed"]).toMatchObject({ type: "http", url: "http://127.0.0.1:9/hook" });
+  });
+
+  it("loads a JS module config (default export object or function)", async () => {
+    const dir = await mkdtemp(path.join(tmpdir(), "outbox-config-"));
+    const file = path.join(dir, "outbox.config.mjs");
+    await writeFile(file, "export default () => ({ worker: { concurrency: 12 } });\n");
+    expect((await loadServiceConfig({ file, env: {} })).worker.concurrency).toBe(12);
+  });
+
+  it("reports every problem at once, each with its field and environment variable", async () => {
+    const found = await problems({
+      env: {
+        OUTBOX_BATCH_SIZE: "lots",
+        OUTBOX_LISTEN: "maybe",
+        OUTBOX_RELAYS: "{not json",
+        OUTBOX_SCHEMA: "Bad-Name",
+        OUTBOX_LEASE_TTL_MS: "10000",
+        OUTBOX_HEARTBEAT_MS: "6000",
+        OUTBOX_HTTP_PORT: "70000",
+      },
+    });
+    expect(found).toEqual(
+      expect.arrayContaining([
+        'worker.batchSize (OUTBOX_BATCH_SIZE): expected a whole number, got "lots"',
+        'worker.listen (OUTBOX_LISTEN): expected true or false, got "maybe"',
+        expect.stringMatching(/^relays \(OUTBOX_RELAYS\): not valid JSON/),
+      ]),
+    );
+    // Type errors stop the schema pass; the next run then names the cross-field ones.
+    const next = await problems({
+      env: {
+        OUTBOX_SCHEMA: "Bad-Name",
+        OUTBOX_LEASE_TTL_MS: "10000",
+        OUTBOX_HEARTBEAT_MS: "6000",
+        OUTBOX_HTTP_PORT: "70000",
+      },
+    });
+    expect(next).toEqual(
+      expect.arrayContaining([expect.stringMatching(/^http\.port \(OUTBOX_HTTP_PORT\): /)]),
+    );
+    const cross = await problems({
+      env: { OUTBOX_SCHEMA: "Bad-Name", OUTBOX_LEASE_TTL_MS: "10000", OUTBOX_HEARTBEAT_MS: "6000" },
+    });
+    expect(cross).toEqual(
+      expect.arrayContaining([
+        expect.stringMatching(/^schema \(OUTBOX_SCHEMA\): .*plain identifier/),
+        "worker.heartbeatMs (OUTBOX_HEARTBEAT_MS): must be at most half of leaseTtlMs (10000), got 6000",
+      ]),
+    );
+  });
+
+  it("names unknown keys and bad relay configs", async () => {
+    const found = await problems({
+      env: {
+        OUTBOX_RELAYS: JSON.stringify({
+          q: { type: "smtp" },
+          "bad queue": { type: "http", url: "http://x" },
+        }),
+      },
+      overrides: { "worker.concurency": 3 },
+    });
+    expect(found).toContain(
+      "worker.concurency: unknown field (did you mean worker.concurrency, OUTBOX_CONCURRENCY?)",
+    );
+    expect(found.join("\n")).toMatch(/relays\.q\.type \(OUTBOX_RELAYS\)|relays\.q \(OUTBOX_RELAYS\)/);
+  });
+
+  it("maps every field to a distinct OUTBOX_ variable (or DATABASE_URL)", () => {
+    const envs = configFields.map((f) => f.env);
+    expect(new Set(envs).size).toBe(envs.length);
+    for (const env of envs) expect(env).toMatch(/^(OUTBOX_[A-Z0-9_]+|DATABASE_URL)$/);
+  });
+
+  it("the README's configuration table is the one the schema produces", async () => {
+    const readme = await readFile("README.md", "utf8");
+    const table = readme
+      .split("<!-- config-table:start -->")[1]
+      ?.split("<!-- config-table:end -->")[0]
+      ?.trim();
+    // Compared cell by cell: the formatter pads Markdown tables. Regenerate with: npm run -s docs:config
+    const cells = (markdown: string | undefined) =>
+      (markdown ?? "")
+        .split("\n")
+        .filter((line) => !/^\|\s*-/.test(line))
+        .map((line) => line.split("|").map((cell) => cell.trim()));
+    expect(cells(table)).toEqual(cells(renderConfigTable()));
+  });
+});
+
+describe("pretty logs", () => {
+  it("turns a pino JSON line into time, level, message and fields", () => {
+    const line = prettyLine(
+      JSON.stringify({
+        level: 40,
+        time: Date.UTC(2026, 0, 1, 12, 0, 0, 5),
+        msg: "fetch failed",
+        loop: "fetch",
+        n: 2,
+      }),
+    );
+    expect(line).toBe("12:00:00.005 WARN  fetch failed  loop=fetch n=2");
+  });
+});
