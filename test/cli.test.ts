@@ -106,10 +106,18 @@ describe("outbox-worker CLI", () => {
 
     it("places orders on an existing database: committed ones have a message, rolled-back ones none", async () => {
       const schema = db.freshSchema("demo");
-      const out = await cli(["demo", "--orders", "10"], { DATABASE_URL: db.url, OUTBOX_SCHEMA: schema });
+      const out = await cli(["demo", "--orders", "10", "--live", "1"], {
+        DATABASE_URL: db.url,
+        OUTBOX_SCHEMA: schema,
+      });
       expect(out.code).toBe(0);
       expect(out.stdout).toContain("9 committed (order + message), 1 rolled back (neither)");
       expect(out.stdout).toMatch(/Delivered 9 message\(s\) in \d+ ms; 0 left in the outbox/);
+      // The live phase: every committed order delivered, none of the rolled-back ones.
+      const live = /Live: placed (\d+), rolled back (\d+), delivered (\d+)/.exec(out.stdout);
+      expect(live).not.toBeNull();
+      const [placed, rolledBack, delivered] = (live ?? []).slice(1).map(Number);
+      expect(delivered).toBe((placed ?? 0) - (rolledBack ?? 0));
       const { rows } = await db.pool.query(`SELECT count(*)::int AS n FROM "${schema}".messages`);
       expect(rows[0].n).toBe(0);
       expect(
@@ -122,12 +130,12 @@ describe("outbox-worker CLI", () => {
       dirs.push(dir);
       await chmod(dir, 0o755); // as root the server runs as "postgres", which must reach the folder
       const dataDir = path.join(dir, "data");
-      const first = await cli(["demo", "--orders", "5", "--data-dir", dataDir]);
+      const first = await cli(["demo", "--orders", "5", "--live", "0", "--data-dir", dataDir]);
       expect(first.stderr).toBe("");
       expect(first.code).toBe(0);
       expect(first.stdout).toContain("starting an embedded Postgres");
       expect(first.stdout).toContain('Installed outbox schema "outbox"');
-      const second = await cli(["demo", "--orders", "5", "--data-dir", dataDir]);
+      const second = await cli(["demo", "--orders", "5", "--live", "0", "--data-dir", dataDir]);
       expect(second.code).toBe(0);
       expect(second.stdout).toContain('Outbox schema "outbox" is up to date');
       expect(second.stdout).toMatch(/Delivered 5 message\(s\) in \d+ ms; 0 left in the outbox/);

@@ -11,16 +11,19 @@ import { handle } from "../worker/options.js";
 import { createWorker } from "../worker/worker.js";
 import { databaseUrlFrom, parseCommandArgs, UsageError } from "./args.js";
 
-export const demoUsage = `Usage: outbox-worker demo [--orders N] [--data-dir DIR] [--database-url URL]
+export const demoUsage = `Usage: outbox-worker demo [--orders N] [--live SECONDS] [--rate N] [--data-dir DIR] [--database-url URL]
 
 Zero-setup demo. Without DATABASE_URL it starts an embedded Postgres in DIR (default ./.outbox-data,
 kept between runs), installs the outbox schema, and places N orders: each one an order row and its
 outbox message written in ONE transaction. Every tenth order is rolled back to show that its message
 never appears. It shows what is waiting through the lease-free unprocessed view, then runs a worker
-that delivers every message.
+that delivers every message. Then, for --live seconds, orders keep coming while the worker relays
+them, with live progress: rows/s, backlog, and pickup latency from commit to handler.
 
 Options:
-  --orders N           orders to place (default 20)
+  --orders N           orders to place before the worker starts (default 20)
+  --live SECONDS       then place orders live for this long (default 5; 0 skips)
+  --rate N             live orders per second (default 200)
   --data-dir DIR       embedded Postgres data folder (default ./.outbox-data)
   --database-url URL   use this Postgres instead of the embedded one
   -h, --help           show this help`;
@@ -112,6 +115,105 @@ async function deliver(url: string, pool: pg.Pool, schema: string) {
   );
 }
 
+function percentile(sorted: number[], p: number): number {
+  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))] ?? 0;
+}
+
+/** Orders keep arriving while a worker relays them; one progress line a second. */
+async function live(url: string, pool: pg.Pool, schema: string, seconds: number, rate: number) {
+  const names = outboxNames(schema);
+  const outbox = createPublisher({ schema, notify: { connection: pool } });
+  const committedAt = new Map<string, number>();
+  const startedAt = new Map<string, number>();
+  const pickups: number[] = [];
+  const record = (id: string) => {
+    const c = committedAt.get(id);
+    const h = startedAt.get(id);
+    if (c === undefined || h === undefined) return;
+    pickups.push(Math.max(0, h - c));
+    committedAt.delete(id);
+    startedAt.delete(id);
+  };
+  let delivered = 0;
+  const worker = createWorker({
+    connection: url,
+    schema,
+    logger: false,
+    queues: {
+      [orderPlaced.name]: handle(orderPlaced, (_order, message) => {
+        startedAt.set(message.id, performance.now());
+        record(message.id);
+      }),
+    },
+  });
+  worker.on("acked", () => {
+    delivered++;
+  });
+  await worker.start();
+  console.log(
+    `\nLive for ${seconds} s: ${rate} orders/s while the worker relays them (every 10th rolled back)`,
+  );
+  const t0 = performance.now();
+  let placed = 0;
+  let rolledBack = 0;
+  let lastDelivered = 0;
+  const tick = setInterval(async () => {
+    const backlog = (await pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM ${names.messages}`))
+      .rows[0]?.n;
+    const sorted = [...pickups].sort((a, b) => a - b);
+    const elapsed = ((performance.now() - t0) / 1000).toFixed(0).padStart(3);
+    console.log(
+      `  ${elapsed} s  placed ${String(placed).padStart(6)} (${rolledBack} rolled back)  delivered ${String(delivered).padStart(6)}  ${String(delivered - lastDelivered).padStart(5)} rows/s  backlog ${backlog}  pickup p50 ${percentile(sorted, 50).toFixed(1)} ms p99 ${percentile(sorted, 99).toFixed(1)} ms`,
+    );
+    lastDelivered = delivered;
+  }, 1000);
+  const inflight = new Set<Promise<void>>();
+  for (let i = 1; performance.now() - t0 < seconds * 1000; i++) {
+    const due = t0 + (i * 1000) / rate;
+    const wait = due - performance.now();
+    if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+    const order = (async () => {
+      const client = await pool.connect();
+      try {
+        await client.query("BEGIN");
+        const customer = `customer-${(i % 4) + 1}`;
+        const { rows } = await client.query<{ id: number }>(
+          "INSERT INTO demo_orders (customer, total_cents) VALUES ($1, $2) RETURNING id",
+          [customer, 1000 + i],
+        );
+        const id = await outbox.publish(client, orderPlaced, {
+          orderId: Number(rows[0]?.id),
+          customer,
+          totalCents: 1000 + i,
+        });
+        placed++;
+        if (i % 10 === 0) {
+          await client.query("ROLLBACK");
+          rolledBack++;
+          return;
+        }
+        await client.query("COMMIT");
+        committedAt.set(id, performance.now());
+        record(id);
+      } finally {
+        client.release();
+      }
+    })();
+    inflight.add(order);
+    void order.finally(() => inflight.delete(order));
+  }
+  await Promise.all(inflight);
+  const deadline = performance.now() + 10_000;
+  while (delivered < placed - rolledBack && performance.now() < deadline)
+    await new Promise((r) => setTimeout(r, 20));
+  clearInterval(tick);
+  await worker.stop();
+  const sorted = [...pickups].sort((a, b) => a - b);
+  console.log(
+    `Live: placed ${placed}, rolled back ${rolledBack}, delivered ${delivered}; pickup from commit to handler p50 ${percentile(sorted, 50).toFixed(1)} ms, p99 ${percentile(sorted, 99).toFixed(1)} ms.`,
+  );
+}
+
 function formatAge(
   age: { hours?: number; minutes?: number; seconds?: number; milliseconds?: number } | null,
 ) {
@@ -124,6 +226,8 @@ function formatAge(
 export async function demoCommand(argv: string[]): Promise<number> {
   const { values } = parseCommandArgs(argv, {
     orders: { type: "string" },
+    live: { type: "string" },
+    rate: { type: "string" },
     "data-dir": { type: "string" },
     "database-url": { type: "string" },
   });
@@ -136,6 +240,16 @@ export async function demoCommand(argv: string[]): Promise<number> {
     throw new UsageError(
       `--orders must be a whole number from 1 to 1000000, got ${JSON.stringify(values.orders)}`,
     );
+  }
+  const liveSeconds = Number(values.live ?? 5);
+  const rate = Number(values.rate ?? 200);
+  if (!Number.isInteger(liveSeconds) || liveSeconds < 0 || liveSeconds > 3600) {
+    throw new UsageError(
+      `--live must be a whole number of seconds from 0 to 3600, got ${JSON.stringify(values.live)}`,
+    );
+  }
+  if (!Number.isInteger(rate) || rate < 1 || rate > 5000) {
+    throw new UsageError(`--rate must be a whole number from 1 to 5000, got ${JSON.stringify(values.rate)}`);
   }
   const schema = process.env.OUTBOX_SCHEMA ?? DEFAULT_SCHEMA;
   outboxNames(schema);
@@ -172,6 +286,7 @@ export async function demoCommand(argv: string[]): Promise<number> {
     );
     await showOutbox(pool, schema);
     await deliver(url, pool, schema);
+    if (liveSeconds > 0) await live(url, pool, schema, liveSeconds, rate);
     return 0;
   } finally {
     await pool.end();
