@@ -1,5 +1,24 @@
 export { PermanentError, TransientError } from "./dispatch/errors.js";
 export { MigrationError, OutboxConfigError, OutboxError, OutboxPayloadError } from "./errors.js";
+export type {
+  DeadLetter,
+  DeadLetterQuery,
+  MessageId,
+  PurgeOptions,
+  PurgeResult,
+  ReplayFilter,
+  ReplayResult,
+} from "./inspect/dead-letters.js";
+export {
+  getDeadLetter,
+  listDeadLetters,
+  purgeDeadLetters,
+  replayDeadLetters,
+} from "./inspect/dead-letters.js";
+export type { MessageState, PeekedMessage, PeekOptions } from "./inspect/peek.js";
+export { peekMessages } from "./inspect/peek.js";
+export type { QueueStatus } from "./inspect/status.js";
+export { queueStatus } from "./inspect/status.js";
 export type { MigrateOptions, MigrateResult, MigrationState } from "./migrate/migrator.js";
 export { migrate, migrationState, printMigrations } from "./migrate/migrator.js";
 export { disableNotifyTrigger, enableNotifyTrigger } from "./migrate/notify-trigger.js";
@@ -8,6 +27,8 @@ export type { Publisher, PublisherOptions, PublishItem, PublishOptions } from ".
 export { createPublisher, publish, publishMany } from "./produce/publisher.js";
 export type { QueueDefinition } from "./produce/queue.js";
 export { defineQueue } from "./produce/queue.js";
+export type { RelayConfig } from "./relay/config.js";
+export { createRelay } from "./relay/create-relay.js";
 export type { RetryContext, RetryDecision, RetryStrategy } from "./retry/strategies.js";
 export { constant, exponential, linear, none } from "./retry/strategies.js";
 export type { Executor } from "./sql/executor.js";

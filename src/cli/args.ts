@@ -1,4 +1,6 @@
 import { parseArgs } from "node:util";
+import pg from "pg";
+import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
 
 /** Thrown for a wrong command line; main prints it with the command's usage and exits 2. */
 export class UsageError extends Error {
@@ -33,4 +35,34 @@ export function databaseUrlFrom(flag: string | boolean | undefined): string | un
   if (typeof flag === "string" && flag.length > 0) return flag;
   const env = process.env.DATABASE_URL;
   return env && env.length > 0 ? env : undefined;
+}
+
+type Values = Record<string, string | boolean | string[] | undefined>;
+
+/** --schema, else OUTBOX_SCHEMA, else the default; validated before anything connects. */
+export function schemaFrom(values: Values): string {
+  return validateSchemaName(
+    (values.schema as string | undefined) ?? process.env.OUTBOX_SCHEMA ?? DEFAULT_SCHEMA,
+  );
+}
+
+/**
+ * One short-lived connection for a command. The schema is checked and the database found before
+ * connecting, so a bad name never reaches a server.
+ */
+export async function withDatabase<T>(
+  values: Values,
+  applicationName: string,
+  run: (client: pg.Client, schema: string) => Promise<T>,
+): Promise<T> {
+  const schema = schemaFrom(values);
+  const url = databaseUrlFrom(values["database-url"] as string | undefined);
+  if (!url) throw new UsageError("no database: set DATABASE_URL or pass --database-url");
+  const client = new pg.Client({ connectionString: url, application_name: applicationName });
+  await client.connect();
+  try {
+    return await run(client, schema);
+  } finally {
+    await client.end();
+  }
 }

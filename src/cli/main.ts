@@ -49,7 +49,7 @@ const usage = `Usage: outbox-worker <command> [options]
 
 Commands:
 ${Object.entries(commands)
-  .map(([name, c]) => `  ${name.padEnd(10)} ${c.summary}`)
+  .map(([name, c]) => `  ${name.padEnd(13)} ${c.summary}`)
   .join("\n")}
 
 Run "outbox-worker <command> --help" for a command's options.`;

@@ -1,11 +1,9 @@
-import pg from "pg";
 import {
   disableNotifyTrigger,
   enableNotifyTrigger,
   isNotifyTriggerEnabled,
 } from "../migrate/notify-trigger.js";
-import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
-import { databaseUrlFrom, parseCommandArgs, UsageError } from "./args.js";
+import { parseCommandArgs, UsageError, withDatabase } from "./args.js";
 
 export const triggerUsage = `Usage: outbox-worker trigger enable|disable|status [--schema NAME] [--database-url URL]
 
@@ -26,14 +24,7 @@ export async function triggerCommand(argv: string[]): Promise<number> {
   if (action !== "enable" && action !== "disable" && action !== "status") {
     throw new UsageError(`expected enable, disable or status, got ${JSON.stringify(action ?? "")}`);
   }
-  const schema = validateSchemaName(
-    (values.schema as string | undefined) ?? process.env.OUTBOX_SCHEMA ?? DEFAULT_SCHEMA,
-  );
-  const url = databaseUrlFrom(values["database-url"]);
-  if (!url) throw new UsageError("no database: set DATABASE_URL or pass --database-url");
-  const client = new pg.Client({ connectionString: url, application_name: "outbox-trigger" });
-  await client.connect();
-  try {
+  return withDatabase(values, "outbox-trigger", async (client, schema) => {
     if (action === "status") {
       console.log(
         `wake-up trigger on "${schema}".messages: ${(await isNotifyTriggerEnabled(client, schema)) ? "enabled" : "disabled"}`,
@@ -46,7 +37,5 @@ export async function triggerCommand(argv: string[]): Promise<number> {
     await client.query("COMMIT");
     console.log(`wake-up trigger on "${schema}".messages ${action}d`);
     return 0;
-  } finally {
-    await client.end();
-  }
+  });
 }

@@ -1,3 +1,4 @@
+import type { Logger } from "pino";
 import type { Handler } from "../worker/options.js";
 
 /**
@@ -9,4 +10,9 @@ export interface Relay {
   readonly kind: string;
   readonly handler: Handler;
   close(): Promise<void>;
+}
+
+/** What every relay factory needs besides its config. */
+export interface RelayDeps {
+  logger: Logger;
 }

@@ -1,0 +1,284 @@
+import { parseArgs } from "node:util";
+import {
+  type DeadLetter,
+  getDeadLetter,
+  listDeadLetters,
+  purgeDeadLetters,
+  type ReplayFilter,
+  replayDeadLetters,
+} from "../inspect/dead-letters.js";
+import { MAX_LIMIT } from "../inspect/peek.js";
+import { DEFAULT_SCHEMA } from "../sql/names.js";
+import { parseCommandArgs, UsageError, withDatabase } from "./args.js";
+import { cell, formatAge, jsonCell, printJson, renderTable, safeText } from "./format.js";
+import { parseLimit } from "./peek-command.js";
+
+export const deadLettersUsage = `Usage: outbox-worker dead-letters list|show|replay|purge [options]
+
+  dead-letters list [--queue Q] [--reason R] [--limit N] [--json]
+      Dead letters, most recently dead first, at most N (1 to ${MAX_LIMIT}, default 20). The table cuts
+      payloads and errors; --json prints them whole.
+  dead-letters show ID [--json]
+      One dead letter with everything: headers, full payload and full error.
+  dead-letters replay (--id ID... | --queue Q | --reason R | --all) [--dry-run]
+      Move dead letters back into the outbox in one transaction: same ids, counters reset, deliverable
+      now, last error kept; the workers of each queue are woken. --id can be repeated or given a
+      comma-separated list; filters combine (all must match). Without a filter it refuses: --all is
+      needed to replay everything. A dead letter whose id is already in the outbox is left where it is
+      and reported (exit 1).
+  dead-letters purge --older-than AGE [--queue Q] [--dry-run]
+      Delete dead letters that died more than AGE ago: a whole number and a unit s, m, h or d
+      (30m, 12h, 7d).
+
+Options for every subcommand:
+  --schema NAME        outbox schema (default: ${DEFAULT_SCHEMA}, or OUTBOX_SCHEMA)
+  --database-url URL   Postgres connection string (default: DATABASE_URL)
+  --dry-run            (replay, purge) print what would change and change nothing
+  -h, --help           show this help`;
+
+const CONNECTION_OPTIONS = {
+  schema: { type: "string" },
+  "database-url": { type: "string" },
+} as const;
+
+function noPositionals(positionals: string[]): void {
+  if (positionals.length > 0) throw new UsageError(`unexpected argument ${JSON.stringify(positionals[0])}`);
+}
+
+function parseId(text: string, flag: string): string {
+  if (!/^[1-9][0-9]{0,18}$/.test(text) || BigInt(text) > 9223372036854775807n) {
+    throw new UsageError(
+      `${flag} must be a message id (a positive whole number), got ${JSON.stringify(text)}`,
+    );
+  }
+  return text;
+}
+
+const UNIT_MS = { s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
+
+/** --older-than: a positive whole number and one unit, nothing else ("7d", "12h", "30m", "90s"). */
+export function parseDuration(text: string, flag = "--older-than"): number {
+  const match = /^([1-9][0-9]{0,5})([smhd])$/.exec(text);
+  if (!match) {
+    throw new UsageError(
+      `${flag} must be a positive whole number followed by s, m, h or d (e.g. 30m, 12h, 7d), got ${JSON.stringify(text)}`,
+    );
+  }
+  return Number(match[1]) * UNIT_MS[match[2] as keyof typeof UNIT_MS];
+}
+
+function count(n: number): string {
+  return `${n} dead letter${n === 1 ? "" : "s"}`;
+}
+
+function byQueue(queues: readonly { queue: string; n: number }[]): string {
+  const some = queues.filter((q) => q.n > 0);
+  return some.length === 0 ? "" : ` (${some.map((q) => `queue ${cell(q.queue)}: ${q.n}`).join(", ")})`;
+}
+
+async function list(argv: string[]): Promise<number> {
+  const { values, positionals } = parseCommandArgs(argv, {
+    ...CONNECTION_OPTIONS,
+    queue: { type: "string" },
+    reason: { type: "string" },
+    limit: { type: "string" },
+    json: { type: "boolean" },
+  });
+  if (values.help) return help();
+  noPositionals(positionals);
+  const query = {
+    queue: values.queue as string | undefined,
+    reason: values.reason as string | undefined,
+    limit: parseLimit(values.limit),
+  };
+  const rows = await withDatabase(values, "outbox-dead-letters", (client, schema) =>
+    listDeadLetters(client, schema, query),
+  );
+  if (values.json) printJson(rows);
+  else if (rows.length === 0) console.log("no dead letters");
+  else console.log(deadLetterTable(rows));
+  return 0;
+}
+
+function deadLetterTable(rows: readonly DeadLetter[]): string {
+  return renderTable(
+    [
+      { header: "ID", align: "right" },
+      { header: "QUEUE" },
+      { header: "KEY" },
+      { header: "REASON" },
+      { header: "DEAD FOR", align: "right" },
+      { header: "DELIVERIES", align: "right" },
+      { header: "ATTEMPTS", align: "right" },
+      { header: "ERROR" },
+      { header: "PAYLOAD" },
+    ],
+    rows.map((r) => [
+      r.id,
+      cell(r.queue),
+      cell(r.key, 24),
+      r.reason,
+      formatAge(r.dead_age_s),
+      String(r.deliveries_count),
+      String(r.attempts_count),
+      cell(r.error, 40),
+      jsonCell(r.payload, 60),
+    ]),
+  );
+}
+
+async function show(argv: string[]): Promise<number> {
+  const { values, positionals } = parseCommandArgs(argv, {
+    ...CONNECTION_OPTIONS,
+    json: { type: "boolean" },
+  });
+  if (values.help) return help();
+  const [raw, ...extra] = positionals;
+  if (raw === undefined) throw new UsageError("show needs the id of a dead letter");
+  noPositionals(extra);
+  const id = parseId(raw, "ID");
+  return withDatabase(values, "outbox-dead-letters", async (client, schema) => {
+    const row = await getDeadLetter(client, schema, id);
+    if (!row) {
+      console.error(`outbox-worker dead-letters: no dead letter with id ${id} in schema "${schema}"`);
+      return 1;
+    }
+    if (values.json) printJson(row);
+    else console.log(describe(row));
+    return 0;
+  });
+}
+
+function describe(r: DeadLetter): string {
+  const time = (d: Date | null) => (d ? d.toISOString() : "-");
+  const fields: [string, string][] = [
+    ["id", r.id],
+    ["queue", cell(r.queue)],
+    ["key", cell(r.key)],
+    ["reason", r.reason],
+    ["dead at", `${time(r.dead_at)} (${formatAge(r.dead_age_s)} ago)`],
+    ["created at", time(r.created_at)],
+    ["available at", time(r.available_at)],
+    ["acquired by", cell(r.acquired_by)],
+    ["deliveries", String(r.deliveries_count)],
+    ["attempts", String(r.attempts_count)],
+    ["failures", String(r.failures_count)],
+    ["first attempt", time(r.first_attempt_at)],
+    ["last attempt", time(r.last_attempt_at)],
+    ["headers", JSON.stringify(r.headers)],
+  ];
+  const indent = (text: string) => text.replace(/^/gm, "  ");
+  return [
+    ...fields.map(([name, value]) => `${`${name}:`.padEnd(15)}${value}`),
+    "error:",
+    indent(r.error === null ? "-" : safeText(r.error)),
+    "payload:",
+    indent(JSON.stringify(r.payload, null, 2)),
+  ].join("\n");
+}
+
+function parseReplayArgs(argv: string[]) {
+  try {
+    return parseArgs({
+      args: argv,
+      options: {
+        ...CONNECTION_OPTIONS,
+        id: { type: "string", multiple: true },
+        queue: { type: "string" },
+        reason: { type: "string" },
+        all: { type: "boolean" },
+        "dry-run": { type: "boolean" },
+        help: { type: "boolean", short: "h" },
+      },
+      allowPositionals: true,
+      strict: true,
+    });
+  } catch (error) {
+    throw new UsageError((error as Error).message);
+  }
+}
+
+function replayFilter(values: ReturnType<typeof parseReplayArgs>["values"]): ReplayFilter {
+  const ids = values.id?.flatMap((v) => v.split(",")).map((v) => parseId(v.trim(), "--id"));
+  const { queue, reason } = values;
+  const narrowed = ids !== undefined || queue !== undefined || reason !== undefined;
+  if (values.all) {
+    if (narrowed) throw new UsageError("--all cannot be combined with --id, --queue or --reason");
+    return { all: true };
+  }
+  if (!narrowed) {
+    throw new UsageError(
+      "refusing to replay without a filter: pass --id, --queue or --reason, or --all to replay every dead letter",
+    );
+  }
+  return { ids, queue, reason };
+}
+
+async function replay(argv: string[]): Promise<number> {
+  const { values, positionals } = parseReplayArgs(argv);
+  if (values.help) return help();
+  noPositionals(positionals);
+  const filter = replayFilter(values);
+  const dryRun = values["dry-run"] === true;
+  const result = await withDatabase(values, "outbox-dead-letters", (client, schema) =>
+    replayDeadLetters(client, schema, filter, { dryRun }),
+  );
+  const moved = byQueue(result.queues.map((q) => ({ queue: q.queue, n: q.replayed })));
+  const skippedIds = result.queues.flatMap((q) => q.skippedIds).join(", ");
+  const skipped = `${count(result.skipped)} whose id is already in the outbox (left in dead_letters): ${skippedIds}`;
+  if (dryRun) {
+    console.log(`dry run: would replay ${count(result.replayed)}${moved}; nothing changed`);
+    if (result.skipped > 0) console.log(`would skip ${skipped}`);
+    return 0;
+  }
+  console.log(`replayed ${count(result.replayed)}${moved}`);
+  if (result.skipped === 0) return 0;
+  console.error(`outbox-worker dead-letters: skipped ${skipped}`);
+  return 1;
+}
+
+async function purge(argv: string[]): Promise<number> {
+  const { values, positionals } = parseCommandArgs(argv, {
+    ...CONNECTION_OPTIONS,
+    "older-than": { type: "string" },
+    queue: { type: "string" },
+    "dry-run": { type: "boolean" },
+  });
+  if (values.help) return help();
+  noPositionals(positionals);
+  const age = values["older-than"];
+  if (typeof age !== "string") throw new UsageError("purge needs --older-than (e.g. 30m, 12h, 7d)");
+  const olderThanMs = parseDuration(age);
+  const dryRun = values["dry-run"] === true;
+  const options = { olderThanMs, queue: values.queue as string | undefined, dryRun };
+  const result = await withDatabase(values, "outbox-dead-letters", (client, schema) =>
+    purgeDeadLetters(client, schema, options),
+  );
+  const counts = byQueue(result.queues.map((q) => ({ queue: q.queue, n: q.purged })));
+  console.log(
+    dryRun
+      ? `dry run: would purge ${count(result.purged)} older than ${age}${counts}; nothing changed`
+      : `purged ${count(result.purged)} older than ${age}${counts}`,
+  );
+  return 0;
+}
+
+function help(): number {
+  console.log(deadLettersUsage);
+  return 0;
+}
+
+const subcommands = new Map<string, (argv: string[]) => Promise<number>>([
+  ["list", list],
+  ["show", show],
+  ["replay", replay],
+  ["purge", purge],
+]);
+
+export async function deadLettersCommand(argv: string[]): Promise<number> {
+  const [name, ...rest] = argv;
+  if (name === "-h" || name === "--help" || name === "help") return help();
+  const sub = name === undefined ? undefined : subcommands.get(name);
+  if (!sub) throw new UsageError(`expected list, show, replay or purge, got ${JSON.stringify(name ?? "")}`);
+  return sub(rest);
+}

@@ -1,0 +1,63 @@
+import { queueStatus } from "../inspect/status.js";
+import { DEFAULT_SCHEMA } from "../sql/names.js";
+import { parseCommandArgs, UsageError, withDatabase } from "./args.js";
+import { cell, formatAge, printJson, renderTable } from "./format.js";
+
+export const statusUsage = `Usage: outbox-worker status [--schema NAME] [--database-url URL] [--json]
+
+Per queue: messages ready, scheduled (due later), leased, with an expired lease, dead letters, and the
+age of the oldest ready message. Reads only: no row lock, no lease, never slows or blocks a worker.
+
+Options:
+  --schema NAME        outbox schema (default: ${DEFAULT_SCHEMA}, or OUTBOX_SCHEMA)
+  --database-url URL   Postgres connection string (default: DATABASE_URL)
+  --json               print a JSON array, one object per queue, ages in seconds
+  -h, --help           show this help`;
+
+export async function statusCommand(argv: string[]): Promise<number> {
+  const { values, positionals } = parseCommandArgs(argv, {
+    schema: { type: "string" },
+    "database-url": { type: "string" },
+    json: { type: "boolean" },
+  });
+  if (values.help) {
+    console.log(statusUsage);
+    return 0;
+  }
+  if (positionals.length > 0) throw new UsageError(`unexpected argument ${JSON.stringify(positionals[0])}`);
+  return withDatabase(values, "outbox-status", async (client, schema) => {
+    const rows = await queueStatus(client, schema);
+    if (values.json) {
+      printJson(rows);
+      return 0;
+    }
+    if (rows.length === 0) {
+      console.log("no messages");
+      return 0;
+    }
+    const right = "right" as const;
+    console.log(
+      renderTable(
+        [
+          { header: "QUEUE" },
+          { header: "READY", align: right },
+          { header: "SCHEDULED", align: right },
+          { header: "LEASED", align: right },
+          { header: "EXPIRED", align: right },
+          { header: "DEAD", align: right },
+          { header: "OLDEST READY", align: right },
+        ],
+        rows.map((r) => [
+          cell(r.queue),
+          String(r.ready),
+          String(r.scheduled),
+          String(r.leased),
+          String(r.expired),
+          String(r.dead),
+          formatAge(r.oldest_ready_age_s),
+        ]),
+      ),
+    );
+    return 0;
+  });
+}

@@ -1,0 +1,173 @@
+import { OutboxConfigError } from "../errors.js";
+import {
+  type DeadLetterRow,
+  getDeadLetterStatement,
+  listDeadLettersStatement,
+  type PurgeCountRow,
+  previewPurgeStatement,
+  previewReplayStatement,
+  purgeDeadLettersStatement,
+  type ReplayCountRow,
+  replayDeadLettersStatement,
+} from "../sql/dead-letters.js";
+import { type Executor, run } from "../sql/executor.js";
+import { outboxNames } from "../sql/names.js";
+import { checkLimit, checkOptionalText } from "./peek.js";
+
+export type DeadLetter = DeadLetterRow;
+
+/** A message id: ids are `bigint`, so strings are the lossless form. */
+export type MessageId = string | number | bigint;
+
+export interface DeadLetterQuery {
+  queue?: string;
+  reason?: string;
+  /** 1 to 1000, default 20. */
+  limit?: number;
+}
+
+/** Every given field must match; `{ all: true }` is the only way to select every dead letter. */
+export type ReplayFilter =
+  | { all: true }
+  | { all?: false; ids?: readonly MessageId[]; queue?: string; reason?: string };
+
+export interface ReplayQueueCount {
+  queue: string;
+  replayed: number;
+  /** Left in dead_letters because a message with the same id exists. */
+  skipped: number;
+  skippedIds: string[];
+}
+
+export interface ReplayResult {
+  dryRun: boolean;
+  replayed: number;
+  skipped: number;
+  queues: ReplayQueueCount[];
+}
+
+export interface PurgeOptions {
+  /** Delete dead letters that died more than this long ago; must be positive. */
+  olderThanMs: number;
+  queue?: string;
+  dryRun?: boolean;
+}
+
+export interface PurgeResult {
+  dryRun: boolean;
+  purged: number;
+  queues: { queue: string; purged: number }[];
+}
+
+const MAX_BIGINT = 9223372036854775807n;
+
+export function checkMessageId(id: MessageId, field = "id"): string {
+  const text = typeof id === "string" ? id : String(id);
+  if (!/^[0-9]{1,19}$/.test(text) || BigInt(text) < 1n || BigInt(text) > MAX_BIGINT) {
+    throw new OutboxConfigError(
+      field,
+      `must be a positive whole number (a message id), got ${JSON.stringify(text)}`,
+    );
+  }
+  return BigInt(text).toString();
+}
+
+/** Newest dead letters first. Reads only. */
+export async function listDeadLetters(
+  db: Executor,
+  schema: string,
+  query: DeadLetterQuery = {},
+): Promise<DeadLetter[]> {
+  const values = [
+    checkOptionalText(query.queue),
+    checkOptionalText(query.reason, "reason"),
+    checkLimit(query.limit),
+  ];
+  return run<DeadLetter>(db, listDeadLettersStatement(outboxNames(schema)), values);
+}
+
+/** The dead letter with this id, or undefined. Reads only. */
+export async function getDeadLetter(
+  db: Executor,
+  schema: string,
+  id: MessageId,
+): Promise<DeadLetter | undefined> {
+  const rows = await run<DeadLetter>(db, getDeadLetterStatement(outboxNames(schema)), [checkMessageId(id)]);
+  return rows[0];
+}
+
+function replayValues(filter: ReplayFilter): unknown[] {
+  if (filter.all === true) {
+    const extra = filter as { ids?: unknown; queue?: unknown; reason?: unknown };
+    if (extra.ids !== undefined || extra.queue !== undefined || extra.reason !== undefined) {
+      throw new OutboxConfigError("all", "cannot be combined with ids, queue or reason");
+    }
+    return [null, null, null];
+  }
+  if (filter.ids === undefined && filter.queue === undefined && filter.reason === undefined) {
+    throw new OutboxConfigError(
+      "filter",
+      "give ids, a queue or a reason; replaying every dead letter needs { all: true }",
+    );
+  }
+  const ids = filter.ids?.map((id) => checkMessageId(id, "ids")) ?? null;
+  return [ids, checkOptionalText(filter.queue), checkOptionalText(filter.reason, "reason")];
+}
+
+function replayResult(rows: ReplayCountRow[], dryRun: boolean): ReplayResult {
+  const queues = rows.map((r) => ({
+    queue: r.queue,
+    replayed: r.replayed,
+    skipped: r.skipped,
+    skippedIds: r.skipped_ids,
+  }));
+  return {
+    dryRun,
+    replayed: queues.reduce((n, q) => n + q.replayed, 0),
+    skipped: queues.reduce((n, q) => n + q.skipped, 0),
+    queues,
+  };
+}
+
+/**
+ * Move dead letters back into messages, ready now, with their ids kept and their counters reset, and wake
+ * the workers of each queue. One statement: all or nothing, and a dead letter whose id is already in
+ * messages stays where it is (reported as skipped). `dryRun` reports the same numbers and changes nothing.
+ */
+export async function replayDeadLetters(
+  db: Executor,
+  schema: string,
+  filter: ReplayFilter,
+  options: { dryRun?: boolean } = {},
+): Promise<ReplayResult> {
+  const names = outboxNames(schema);
+  const values = replayValues(filter);
+  const dryRun = options.dryRun === true;
+  const rows = dryRun
+    ? await run<ReplayCountRow>(db, previewReplayStatement(names), values)
+    : await run<ReplayCountRow>(db, replayDeadLettersStatement(names), [...values, names.channel]);
+  return replayResult(rows, dryRun);
+}
+
+/** Delete dead letters older than `olderThanMs` (by dead_at, server clock); `dryRun` only counts them. */
+export async function purgeDeadLetters(
+  db: Executor,
+  schema: string,
+  options: PurgeOptions,
+): Promise<PurgeResult> {
+  const names = outboxNames(schema);
+  if (!Number.isFinite(options.olderThanMs) || options.olderThanMs <= 0) {
+    throw new OutboxConfigError(
+      "olderThanMs",
+      `must be a positive number of milliseconds, got ${options.olderThanMs}`,
+    );
+  }
+  const dryRun = options.dryRun === true;
+  const values = [options.olderThanMs, checkOptionalText(options.queue)];
+  const rows = await run<PurgeCountRow>(
+    db,
+    dryRun ? previewPurgeStatement(names) : purgeDeadLettersStatement(names),
+    values,
+  );
+  return { dryRun, purged: rows.reduce((n, r) => n + r.purged, 0), queues: rows };
+}

@@ -1,0 +1,61 @@
+import { OutboxConfigError } from "../errors.js";
+import { type Executor, run } from "../sql/executor.js";
+import { outboxNames } from "../sql/names.js";
+import { MESSAGE_STATES, type MessageState, type PeekRow, peekStatement } from "../sql/peek.js";
+
+export type { MessageState } from "../sql/peek.js";
+export { MESSAGE_STATES } from "../sql/peek.js";
+
+export type PeekedMessage = PeekRow;
+
+export const DEFAULT_LIMIT = 20;
+export const MAX_LIMIT = 1000;
+
+export interface PeekOptions {
+  queue?: string;
+  state?: MessageState;
+  /** 1 to 1000, default 20. */
+  limit?: number;
+}
+
+export function checkLimit(limit: number | undefined): number {
+  if (limit === undefined) return DEFAULT_LIMIT;
+  if (!Number.isInteger(limit) || limit < 1 || limit > MAX_LIMIT) {
+    throw new OutboxConfigError("limit", `must be a whole number from 1 to ${MAX_LIMIT}, got ${limit}`);
+  }
+  return limit;
+}
+
+/** A filter that is either absent (null: matches everything) or a non-empty string. */
+export function checkOptionalText(value: string | undefined, field = "queue"): string | null {
+  if (value === undefined) return null;
+  if (typeof value !== "string" || value.length === 0) {
+    throw new OutboxConfigError(field, "must be a non-empty string");
+  }
+  return value;
+}
+
+function checkState(state: string | undefined): MessageState | null {
+  if (state === undefined) return null;
+  if (!(MESSAGE_STATES as readonly string[]).includes(state)) {
+    throw new OutboxConfigError(
+      "state",
+      `must be one of ${MESSAGE_STATES.join(", ")}, got ${JSON.stringify(state)}`,
+    );
+  }
+  return state as MessageState;
+}
+
+/**
+ * Messages still to deliver, oldest first, from the `unprocessed` view. Lease-free: no row lock, no
+ * counter bumped, never waits for a worker.
+ */
+export async function peekMessages(
+  db: Executor,
+  schema: string,
+  options: PeekOptions = {},
+): Promise<PeekedMessage[]> {
+  const names = outboxNames(schema);
+  const values = [checkOptionalText(options.queue), checkState(options.state), checkLimit(options.limit)];
+  return run<PeekedMessage>(db, peekStatement(names), values);
+}

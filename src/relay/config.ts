@@ -1,0 +1,100 @@
+import { z } from "zod";
+import { OutboxConfigError } from "../errors.js";
+
+/** Where a relay's target names may say `{queue}`: replaced by the message's queue name. */
+export const QUEUE_PLACEHOLDER = "{queue}";
+
+const timeoutMs = (fallback: number) => z.number().int().min(1).max(600_000).default(fallback);
+
+// An RFC 9110 token: a name fetch accepts, so a bad one fails at startup rather than on every message.
+const headerName = z.string().regex(/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/, "must be a valid HTTP header name");
+const headerValue = z.string().regex(/^[\t\x20-\x7e\x80-\xff]*$/, "must not hold control characters");
+
+export const httpRelayConfigSchema = z.strictObject({
+  type: z.literal("http"),
+  url: z
+    .url({ protocol: /^https?$/, error: "must be an http(s) URL" })
+    // fetch refuses such URLs on every call; credentials belong in `headers` (authorization).
+    .refine(
+      (u) => !/^[a-z]+:\/\/[^/?#]*@/i.test(u),
+      "must not hold credentials; send an authorization header",
+    ),
+  method: z.enum(["POST", "PUT"]).default("POST"),
+  timeoutMs: timeoutMs(10_000),
+  /** Static headers sent with every request; they cannot override the relay's own headers. */
+  headers: z.record(headerName, headerValue).optional(),
+  hmacSecret: z.string().min(16, "must be at least 16 characters").optional(),
+  hmacHeader: headerName.default("x-outbox-signature"),
+});
+
+export const redisRelayConfigSchema = z.strictObject({
+  type: z.literal("redis"),
+  url: z
+    .url({ protocol: /^rediss?$/, error: "must be a redis:// or rediss:// URL" })
+    .default("redis://127.0.0.1:6379"),
+  stream: z.string().min(1),
+  maxLen: z.number().int().min(1).default(100_000),
+  timeoutMs: timeoutMs(5000),
+});
+
+export const natsRelayConfigSchema = z.strictObject({
+  type: z.literal("nats"),
+  servers: z.union([z.string().min(1), z.array(z.string().min(1)).min(1)]).default("nats://127.0.0.1:4222"),
+  subject: z.string().regex(/^[^\s*>]+$/, "must be a subject without spaces or wildcards"),
+  /** Created (or extended to cover the subject) on connect; without it the stream must already exist. */
+  stream: z
+    .string()
+    .regex(/^[^\s.*>/\\]+$/, "must be a stream name without spaces, dots, slashes or wildcards")
+    .optional(),
+  timeoutMs: timeoutMs(5000),
+});
+
+export const rabbitmqRelayConfigSchema = z.strictObject({
+  type: z.literal("rabbitmq"),
+  url: z
+    .url({ protocol: /^amqps?$/, error: "must be an amqp:// or amqps:// URL" })
+    .default("amqp://guest:guest@127.0.0.1:5672"),
+  exchange: z.string().default(""),
+  routingKey: z.string().min(1),
+  /** A durable queue asserted on every connect, and bound to `exchange` with the routing key when set. */
+  declareQueue: z.string().min(1).optional(),
+  timeoutMs: timeoutMs(10_000),
+});
+
+export const relayConfigSchema = z.discriminatedUnion("type", [
+  httpRelayConfigSchema,
+  redisRelayConfigSchema,
+  natsRelayConfigSchema,
+  rabbitmqRelayConfigSchema,
+]);
+
+/** What a user writes: defaults may be left out. */
+export type RelayConfigInput = z.input<typeof relayConfigSchema>;
+/** A parsed relay configuration, every default filled in. */
+export type RelayConfig = z.output<typeof relayConfigSchema>;
+
+export type HttpRelayConfig = z.output<typeof httpRelayConfigSchema>;
+export type RedisRelayConfig = z.output<typeof redisRelayConfigSchema>;
+export type NatsRelayConfig = z.output<typeof natsRelayConfigSchema>;
+export type RabbitmqRelayConfig = z.output<typeof rabbitmqRelayConfigSchema>;
+
+/**
+ * Parse with one of the schemas above; every problem is reported with its field. zod's messages never
+ * echo the input, so a secret or a URL password cannot leak into the error.
+ */
+export function parseRelayConfig<S extends z.ZodType>(
+  schema: S,
+  input: z.input<S>,
+  field = "relay",
+): z.output<S> {
+  const parsed = schema.safeParse(input);
+  if (parsed.success) return parsed.data;
+  const problems = parsed.error.issues.map((i) => `${[field, ...i.path].join(".")}: ${i.message}`);
+  const fields = [...new Set(parsed.error.issues.map((i) => [field, ...i.path].join(".")))].join(", ");
+  throw new OutboxConfigError(fields, problems.join("; "), `invalid relay config: ${problems.join("; ")}`);
+}
+
+/** The name a message goes to, with `{queue}` replaced by its queue. */
+export function renderTarget(template: string, queue: string): string {
+  return template.replaceAll(QUEUE_PLACEHOLDER, queue);
+}

@@ -1,0 +1,204 @@
+import {
+  connect,
+  ErrorCode,
+  type JetStreamClient,
+  type MsgHdrs,
+  type NatsConnection,
+  NatsError,
+  headers as natsHeaders,
+} from "nats";
+import type { z } from "zod";
+import { errorMessage, PermanentError, TransientError } from "../dispatch/errors.js";
+import { OutboxConfigError } from "../errors.js";
+import { redactConnectionString } from "../util/redact.js";
+import type { MessageContext } from "../worker/options.js";
+import { natsRelayConfigSchema, parseRelayConfig, QUEUE_PLACEHOLDER, renderTarget } from "./config.js";
+import { withDeadline } from "./deadline.js";
+import { LazyConnection } from "./lazy-connection.js";
+import type { Relay, RelayDeps } from "./relay.js";
+import { throttledLog } from "./throttle.js";
+
+const RETRY_CONNECT_AFTER_MS = 1000;
+/** JetStream API error: "message size exceeds maximum allowed". */
+const JS_MESSAGE_TOO_LARGE = 10054;
+/** JetStream API error: "stream name already in use with a different configuration". */
+const JS_STREAM_NAME_IN_USE = 10058;
+
+interface NatsSession {
+  nc: NatsConnection;
+  js: JetStreamClient;
+  connected: boolean;
+}
+
+/**
+ * Publishes each message's payload (JSON) to JetStream with the outbox id as `Nats-Msg-Id`, so the server
+ * drops a redelivered id within the stream's duplicate window (2 minutes by default): exactly once per
+ * window. Message headers travel as NATS headers (JetStream's own `Nats-*` ones are dropped), plus
+ * `Outbox-Queue`, `Outbox-Key` and `Outbox-Created-At`.
+ *
+ * A subject no stream captures answers "no responders": a configuration mistake, so it is transient and
+ * logged rather than dead-lettering every message. With `stream` set, the stream is created on connect
+ * with the subject (`{queue}` as `>` when it is the last token, else `*`); an existing one is left as it is.
+ * The connection is opened on first use and reconnects by itself; while it is down, messages fail as
+ * transient at once instead of waiting in the client's buffer.
+ */
+export async function createNatsRelay(
+  input: z.input<typeof natsRelayConfigSchema>,
+  deps: RelayDeps,
+): Promise<Relay> {
+  const config = parseRelayConfig(natsRelayConfigSchema, input);
+  const servers = Array.isArray(config.servers) ? config.servers : [config.servers];
+  const shown = servers.map(redactConnectionString);
+  const what = `nats ${shown.join(",")}`;
+  const logger = deps.logger.child({ relay: "nats", servers: shown });
+  const logOnce = throttledLog(30_000);
+  const streamSubject = config.stream === undefined ? undefined : streamSubjectFor(config.subject);
+
+  const connection: LazyConnection<NatsSession> = new LazyConnection({
+    what,
+    timeoutMs: config.timeoutMs,
+    retryDelayMs: RETRY_CONNECT_AFTER_MS,
+    dispose: (session) => session.nc.close(),
+    open: async () => {
+      const nc = await connect({
+        servers,
+        name: "pg-outbox-worker relay",
+        timeout: config.timeoutMs,
+        maxReconnectAttempts: -1,
+        waitOnFirstConnect: false,
+      });
+      const session: NatsSession = { nc, js: nc.jetstream({ timeout: config.timeoutMs }), connected: true };
+      void watchStatus(session, logger);
+      void nc.closed().then((error) => {
+        if (error) logger.warn({ error: errorMessage(error) }, "nats connection closed");
+        connection.invalidate(session);
+      });
+      if (config.stream !== undefined && streamSubject !== undefined) {
+        try {
+          await ensureStream(nc, config.stream, streamSubject, config.timeoutMs);
+        } catch (error) {
+          await nc.close().catch(() => {});
+          throw new TransientError(`${what}: cannot create stream ${config.stream}`, { cause: error });
+        }
+      }
+      logger.info({ server: nc.getServer() }, "nats relay connected");
+      return session;
+    },
+  });
+
+  await connection.get().catch((error: unknown) => {
+    logger.warn({ error: errorMessage(error) }, "nats unreachable at startup; messages will be retried");
+  });
+
+  const handler = async (payload: unknown, message: MessageContext): Promise<void> => {
+    const subject = renderTarget(config.subject, message.queue);
+    const session = await connection.get();
+    if (!session.connected) throw new TransientError(`${what}: disconnected, reconnecting`);
+    const data = new TextEncoder().encode(JSON.stringify(payload ?? null));
+    let headers: MsgHdrs;
+    try {
+      headers = messageHeaders(message);
+    } catch (error) {
+      throw new PermanentError(`message headers cannot be NATS headers: ${errorMessage(error)}`, {
+        cause: error,
+      });
+    }
+    const publish = session.js.publish(subject, data, {
+      msgID: message.id,
+      timeout: config.timeoutMs,
+      headers,
+    });
+    try {
+      // js.publish has its own timeout; the deadline only adds the abort signal, with room for that timeout.
+      await withDeadline(publish, {
+        signal: message.signal,
+        timeoutMs: config.timeoutMs + 1000,
+        what: `${what} publish ${subject}`,
+      });
+    } catch (error) {
+      throw classify(error, subject, () =>
+        logOnce(`no-stream:${subject}`, () =>
+          logger.error({ subject }, "no JetStream stream captures this subject; retrying, check the config"),
+        ),
+      );
+    }
+  };
+
+  return { kind: "nats", handler, close: () => connection.close() };
+}
+
+/** The stream subject covering every queue's subject. */
+export function streamSubjectFor(subject: string): string {
+  const tokens = subject.split(".");
+  return tokens
+    .map((token, i) => {
+      if (!token.includes(QUEUE_PLACEHOLDER)) return token;
+      if (token !== QUEUE_PLACEHOLDER) {
+        throw new OutboxConfigError(
+          "relay.subject",
+          `with a stream, ${QUEUE_PLACEHOLDER} must be a whole token`,
+        );
+      }
+      // Queue names may hold dots, which only a trailing ">" matches.
+      return i === tokens.length - 1 ? ">" : "*";
+    })
+    .join(".");
+}
+
+function messageHeaders(message: MessageContext): MsgHdrs {
+  const headers = natsHeaders();
+  for (const [name, value] of Object.entries(message.headers)) {
+    // Nats-Expected-* and friends are JetStream instructions, not data: a stray one would fail every publish.
+    if (!/^nats-/i.test(name)) headers.append(name, value);
+  }
+  headers.set("Content-Type", "application/json");
+  headers.set("Outbox-Queue", message.queue);
+  if (message.key !== null) headers.set("Outbox-Key", message.key);
+  headers.set("Outbox-Created-At", message.createdAt.toISOString());
+  return headers;
+}
+
+function classify(error: unknown, subject: string, onNoStream: () => void): Error {
+  if (error instanceof TransientError) return error;
+  if (error instanceof NatsError) {
+    if (error.code === ErrorCode.NoResponders) {
+      onNoStream();
+      return new TransientError(`nats: no stream captures subject ${subject}`, { cause: error });
+    }
+    if (
+      error.code === ErrorCode.MaxPayloadExceeded ||
+      error.code === ErrorCode.BadHeader ||
+      error.api_error?.err_code === JS_MESSAGE_TOO_LARGE
+    ) {
+      return new PermanentError(`nats refused the message: ${error.message}`, { cause: error });
+    }
+  }
+  return new TransientError(`nats publish to ${subject} failed`, { cause: error });
+}
+
+async function watchStatus(session: NatsSession, logger: RelayDeps["logger"]): Promise<void> {
+  for await (const status of session.nc.status()) {
+    if (status.type === "disconnect") {
+      session.connected = false;
+      logger.warn("nats disconnected; reconnecting");
+    } else if (status.type === "reconnect") {
+      session.connected = true;
+      logger.info("nats reconnected");
+    }
+  }
+}
+
+async function ensureStream(
+  nc: NatsConnection,
+  name: string,
+  subject: string,
+  timeoutMs: number,
+): Promise<void> {
+  const jsm = await nc.jetstreamManager({ timeout: timeoutMs });
+  try {
+    await jsm.streams.add({ name, subjects: [subject] });
+  } catch (error) {
+    // Another worker created it first, or it exists with other settings: leave it as its owner made it.
+    if (!(error instanceof NatsError && error.api_error?.err_code === JS_STREAM_NAME_IN_USE)) throw error;
+  }
+}

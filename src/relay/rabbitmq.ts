@@ -1,0 +1,158 @@
+import amqp, { type ChannelModel, type ConfirmChannel } from "amqplib";
+import type { z } from "zod";
+import { errorMessage, PermanentError, TransientError } from "../dispatch/errors.js";
+import { redactConnectionString } from "../util/redact.js";
+import type { MessageContext } from "../worker/options.js";
+import { parseRelayConfig, QUEUE_PLACEHOLDER, rabbitmqRelayConfigSchema, renderTarget } from "./config.js";
+import { withDeadline } from "./deadline.js";
+import { LazyConnection } from "./lazy-connection.js";
+import type { Relay, RelayDeps } from "./relay.js";
+import { throttledLog } from "./throttle.js";
+
+const RETRY_CONNECT_AFTER_MS = 1000;
+/** Seconds; two missed beats close a connection that a dead network would otherwise keep "open" for minutes. */
+const DEFAULT_HEARTBEAT_S = 10;
+
+interface RabbitSession {
+  model: ChannelModel;
+  channel: ConfirmChannel;
+  /** Ids the broker returned as unroutable, counted until their confirm arrives. */
+  returned: Map<string, number>;
+}
+
+/**
+ * Publishes each message's payload (JSON) persistent and mandatory on a confirm channel, with the outbox
+ * id as `messageId`, and resolves only once the broker confirmed it. RabbitMQ cannot dedupe by
+ * messageId: a redelivered message is published again, so consumers dedupe by `messageId`. Message headers
+ * go in the AMQP headers, plus `x-outbox-queue` and `x-outbox-key`.
+ *
+ * Every failure is transient: the broker down (the connection is re-opened on the next publish), a nack,
+ * a timeout, or an unroutable message (returned by the broker: a configuration mistake that must not
+ * silently drop messages, nor dead-letter them). Only a message that cannot be encoded is permanent.
+ */
+export async function createRabbitmqRelay(
+  input: z.input<typeof rabbitmqRelayConfigSchema>,
+  deps: RelayDeps,
+): Promise<Relay> {
+  const config = parseRelayConfig(rabbitmqRelayConfigSchema, input);
+  const url = redactConnectionString(config.url);
+  const what = `rabbitmq ${url}`;
+  const logger = deps.logger.child({ relay: "rabbitmq", url });
+  const logOnce = throttledLog(30_000);
+
+  const connection: LazyConnection<RabbitSession> = new LazyConnection({
+    what,
+    timeoutMs: config.timeoutMs,
+    retryDelayMs: RETRY_CONNECT_AFTER_MS,
+    dispose: (session) => session.model.close(),
+    open: async () => {
+      const model = await amqp.connect(withDefaultHeartbeat(config.url), { timeout: config.timeoutMs });
+      let session: RabbitSession | undefined;
+      const drop = () => {
+        if (session !== undefined) connection.invalidate(session);
+      };
+      model.on("error", (error: Error) => {
+        logOnce("connection", () => logger.warn({ error: errorMessage(error) }, "rabbitmq connection error"));
+      });
+      model.on("close", drop);
+      model.on("blocked", (reason: string) => logger.warn({ reason }, "rabbitmq blocked publishing"));
+      model.on("unblocked", () => logger.info("rabbitmq unblocked publishing"));
+      try {
+        const channel = await model.createConfirmChannel();
+        session = { model, channel, returned: new Map() };
+        const returned = session.returned;
+        channel.on("error", (error: Error) => {
+          logOnce("channel", () => logger.error({ error: errorMessage(error) }, "rabbitmq channel error"));
+        });
+        channel.on("close", drop);
+        channel.on("return", (msg: { properties: { messageId?: unknown } }) => {
+          const id = String(msg.properties.messageId);
+          returned.set(id, (returned.get(id) ?? 0) + 1);
+        });
+        await declare(channel);
+      } catch (error) {
+        await model.close().catch(() => {});
+        throw error;
+      }
+      logger.info("rabbitmq relay connected");
+      return session;
+    },
+  });
+
+  async function declare(channel: ConfirmChannel): Promise<void> {
+    // A missing exchange fails here, once per connect, rather than closing the channel on every publish.
+    if (config.exchange !== "") await channel.checkExchange(config.exchange);
+    if (config.declareQueue === undefined) return;
+    await channel.assertQueue(config.declareQueue, { durable: true });
+    if (config.exchange !== "") {
+      // The queue name is unknown here; "#" is the topic-exchange pattern for any of them.
+      await channel.bindQueue(
+        config.declareQueue,
+        config.exchange,
+        config.routingKey.replaceAll(QUEUE_PLACEHOLDER, "#"),
+      );
+    }
+  }
+
+  await connection.get().catch((error: unknown) => {
+    logger.warn({ error: errorMessage(error) }, "rabbitmq unreachable at startup; messages will be retried");
+  });
+
+  const handler = async (payload: unknown, message: MessageContext): Promise<void> => {
+    const routingKey = renderTarget(config.routingKey, message.queue);
+    const target = `${what} exchange "${config.exchange}" routing key "${routingKey}"`;
+    const session = await connection.get();
+    const content = Buffer.from(JSON.stringify(payload ?? null));
+    const headers: Record<string, string> = { ...message.headers, "x-outbox-queue": message.queue };
+    if (message.key !== null) headers["x-outbox-key"] = message.key;
+    const confirmed = new Promise<void>((resolve, reject) => {
+      const options = {
+        persistent: true,
+        mandatory: true,
+        messageId: message.id,
+        contentType: "application/json",
+        timestamp: Math.floor(message.createdAt.getTime() / 1000),
+        headers,
+      };
+      try {
+        session.channel.publish(config.exchange, routingKey, content, options, (error: unknown) => {
+          if (error) return reject(new TransientError(`${target}: not confirmed`, { cause: error }));
+          // The broker sends basic.return before the ack of the same message.
+          if (takeReturned(session, message.id)) {
+            logOnce(`unroutable:${routingKey}`, () =>
+              logger.error(
+                { routingKey },
+                "rabbitmq returned the message as unroutable; retrying, check the config",
+              ),
+            );
+            return reject(new TransientError(`${target}: unroutable, no queue is bound`));
+          }
+          resolve();
+        });
+      } catch (error) {
+        // amqplib throws RangeError for a headers table it cannot encode: no retry will fix that.
+        if (error instanceof RangeError)
+          reject(new PermanentError(`${target}: ${error.message}`, { cause: error }));
+        else reject(new TransientError(`${target}: publish failed`, { cause: error }));
+      }
+    });
+    await withDeadline(confirmed, { signal: message.signal, timeoutMs: config.timeoutMs, what: target });
+  };
+
+  return { kind: "rabbitmq", handler, close: () => connection.close() };
+}
+
+function takeReturned(session: RabbitSession, id: string): boolean {
+  const count = session.returned.get(id);
+  if (count === undefined) return false;
+  if (count <= 1) session.returned.delete(id);
+  else session.returned.set(id, count - 1);
+  return true;
+}
+
+function withDefaultHeartbeat(url: string): string {
+  const parsed = new URL(url);
+  if (!parsed.searchParams.has("heartbeat"))
+    parsed.searchParams.set("heartbeat", String(DEFAULT_HEARTBEAT_S));
+  return parsed.toString();
+}

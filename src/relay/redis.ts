@@ -1,0 +1,98 @@
+import { Redis } from "ioredis";
+import type { z } from "zod";
+import { errorMessage, TransientError } from "../dispatch/errors.js";
+import { redactConnectionString } from "../util/redact.js";
+import type { MessageContext } from "../worker/options.js";
+import { parseRelayConfig, redisRelayConfigSchema, renderTarget } from "./config.js";
+import { withDeadline } from "./deadline.js";
+import type { Relay, RelayDeps } from "./relay.js";
+import { throttledLog } from "./throttle.js";
+
+const MAX_RECONNECT_DELAY_MS = 2000;
+
+/**
+ * XADDs each message to a Redis stream (`MAXLEN ~ maxLen`) with the fields `id`, `queue`, `key` (left
+ * out when null), `headers` (JSON), `payload` (JSON) and `createdAt` (ISO 8601). Streams cannot dedupe
+ * by our id: a redelivered message is added again, so consumers dedupe by the `id` field. Every failure
+ * is transient: an unreachable server, a timeout, or an error reply such as WRONGTYPE (a configuration
+ * mistake, logged, must not dead-letter messages).
+ */
+export async function createRedisRelay(
+  input: z.input<typeof redisRelayConfigSchema>,
+  deps: RelayDeps,
+): Promise<Relay> {
+  const config = parseRelayConfig(redisRelayConfigSchema, input);
+  const url = redactConnectionString(config.url);
+  const logger = deps.logger.child({ relay: "redis", url });
+  const logOnce = throttledLog(30_000);
+  const client = new Redis(config.url, {
+    lazyConnect: true,
+    connectTimeout: config.timeoutMs,
+    // Fail at once while disconnected instead of queueing: the worker's retry is the queue, and a command
+    // queued here could still run after its handler was told it failed.
+    enableOfflineQueue: false,
+    maxRetriesPerRequest: 0,
+    autoResendUnfulfilledCommands: false,
+    // A blackholed socket otherwise looks alive until TCP keepalive gives up, minutes later.
+    socketTimeout: config.timeoutMs,
+    retryStrategy: (times) => Math.min(times * 100, MAX_RECONNECT_DELAY_MS),
+  });
+  client.on("error", (error: unknown) => {
+    logOnce("connection", () => logger.warn({ error: errorMessage(error) }, "redis connection error"));
+  });
+  client.on("ready", () => logger.info("redis relay connected"));
+
+  try {
+    await withDeadline(client.connect(), { timeoutMs: config.timeoutMs, what: `redis ${url}: connect` });
+  } catch (error) {
+    // The client keeps reconnecting in the background; until then messages fail as transient.
+    logger.warn({ error: errorMessage(error) }, "redis unreachable at startup; messages will be retried");
+  }
+
+  const handler = async (payload: unknown, message: MessageContext): Promise<void> => {
+    const stream = renderTarget(config.stream, message.queue);
+    const fields = ["id", message.id, "queue", message.queue];
+    if (message.key !== null) fields.push("key", message.key);
+    fields.push(
+      "headers",
+      JSON.stringify(message.headers),
+      "payload",
+      JSON.stringify(payload ?? null),
+      "createdAt",
+      message.createdAt.toISOString(),
+    );
+    const what = `redis ${url} XADD ${stream}`;
+    try {
+      await withDeadline(client.xadd(stream, "MAXLEN", "~", config.maxLen, "*", ...fields), {
+        signal: message.signal,
+        timeoutMs: config.timeoutMs,
+        what,
+      });
+    } catch (error) {
+      if (error instanceof TransientError) throw error;
+      if (isReplyError(error)) {
+        logOnce(`reply:${stream}`, () =>
+          logger.error(
+            { stream, error: errorMessage(error) },
+            "redis refused XADD; retrying, check the config",
+          ),
+        );
+      }
+      throw new TransientError(`${what} failed`, { cause: error });
+    }
+  };
+
+  let closing: Promise<void> | undefined;
+  const close = () => {
+    closing ??= (async () => {
+      await withDeadline(client.quit(), { timeoutMs: config.timeoutMs, what: "quit" }).catch(() => {});
+      client.disconnect();
+    })();
+    return closing;
+  };
+  return { kind: "redis", handler, close };
+}
+
+function isReplyError(error: unknown): boolean {
+  return error instanceof Error && error.name === "ReplyError";
+}

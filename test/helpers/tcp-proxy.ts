@@ -1,0 +1,104 @@
+import net from "node:net";
+
+export interface TcpProxy {
+  /** The port to connect to instead of the target's. */
+  readonly port: number;
+  /** Destroy every open connection and close new ones as soon as they are accepted. */
+  cut(): void;
+  /** Stop moving bytes, both ways, while keeping sockets open: a silent network partition. */
+  blackhole(): void;
+  /** Keep forwarding what clients send but withhold the server's answers: requests land, acks are lost. */
+  holdReplies(): void;
+  /** Forward again: new connections go through, blackholed ones resume where they stopped. */
+  restore(): void;
+  close(): Promise<void>;
+}
+
+interface Pair {
+  client: net.Socket;
+  upstream: net.Socket | undefined;
+}
+
+/** A TCP forwarder on 127.0.0.1 for breaking a connection to a real server in a test. */
+export async function startTcpProxy(target: { host: string; port: number }): Promise<TcpProxy> {
+  let mode: "open" | "cut" | "blackhole" = "open";
+  const pairs = new Set<Pair>();
+
+  const destroy = (pair: Pair) => {
+    pairs.delete(pair);
+    pair.client.destroy();
+    pair.upstream?.destroy();
+  };
+
+  const connectUpstream = (pair: Pair) => {
+    const upstream = net.connect(target.port, target.host);
+    pair.upstream = upstream;
+    upstream.on("error", () => destroy(pair));
+    upstream.on("close", () => destroy(pair));
+    pipeBoth(pair);
+  };
+
+  const pipeBoth = (pair: Pair) => {
+    if (pair.upstream === undefined) return;
+    pair.client.pipe(pair.upstream);
+    pair.upstream.pipe(pair.client);
+  };
+
+  const server = net.createServer((client) => {
+    client.on("error", () => {});
+    if (mode === "cut") {
+      client.destroy();
+      return;
+    }
+    const pair: Pair = { client, upstream: undefined };
+    pairs.add(pair);
+    client.on("close", () => destroy(pair));
+    if (mode === "open") connectUpstream(pair);
+    else client.pause();
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", () => resolve());
+  });
+  const address = server.address();
+  if (address === null || typeof address === "string") throw new Error("proxy has no TCP address");
+
+  return {
+    port: address.port,
+    cut() {
+      mode = "cut";
+      for (const pair of [...pairs]) destroy(pair);
+    },
+    blackhole() {
+      mode = "blackhole";
+      for (const pair of pairs) {
+        pair.client.unpipe();
+        pair.upstream?.unpipe();
+        pair.client.pause();
+        pair.upstream?.pause();
+      }
+    },
+    holdReplies() {
+      for (const pair of pairs) {
+        pair.upstream?.unpipe();
+        pair.upstream?.pause();
+      }
+    },
+    restore() {
+      mode = "open";
+      for (const pair of pairs) {
+        if (pair.upstream === undefined) connectUpstream(pair);
+        else {
+          pair.client.unpipe();
+          pair.upstream.unpipe();
+          pipeBoth(pair);
+        }
+      }
+    },
+    async close() {
+      mode = "cut";
+      for (const pair of [...pairs]) destroy(pair);
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    },
+  };
+}

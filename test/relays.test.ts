@@ -1,0 +1,778 @@
+import { createHmac, timingSafeEqual } from "node:crypto";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import amqp from "amqplib";
+import { Redis } from "ioredis";
+import { type JetStreamManager, type NatsConnection, connect as natsConnect } from "nats";
+import pino from "pino";
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { classifyError, type ErrorClass } from "../src/dispatch/errors.js";
+import { OutboxConfigError } from "../src/errors.js";
+import { createRelay } from "../src/relay/create-relay.js";
+import type { Relay } from "../src/relay/relay.js";
+import type { MessageContext } from "../src/worker/options.js";
+import { startTcpProxy, type TcpProxy } from "./helpers/tcp-proxy.js";
+
+const HOST = "127.0.0.1";
+const REDIS_PORT = 6379;
+const NATS_PORT = 4222;
+const RABBIT_URL = `amqp://guest:guest@${HOST}:5672`;
+const BURST = 50;
+/** Unique per run: names below never collide with another run's leftovers. */
+const RUN = `${Date.now().toString(36)}${process.pid.toString(36)}`;
+const logger = pino({ level: process.env.RELAY_TEST_LOG ?? "silent" });
+
+let nextId = BigInt(Date.now()) * 1000n;
+function newIds(count: number): string[] {
+  return Array.from({ length: count }, () => String(nextId++));
+}
+
+function context(id: string, queue: string, key: string | null = `k-${id}`): MessageContext {
+  return {
+    id,
+    queue,
+    key,
+    headers: { traceparent: `00-${id}`, "x-tenant": "acme" },
+    deliveries: 1,
+    attempts: 0,
+    createdAt: new Date(),
+    signal: new AbortController().signal,
+  };
+}
+
+const payloadOf = (id: string) => ({ orderId: id, total: 12.5, items: ["a", "b"] });
+
+/** How one handler call ended: "ok", or how the worker would classify its error. */
+async function outcome(relay: Relay, id: string, queue: string): Promise<"ok" | ErrorClass> {
+  try {
+    await relay.handler(payloadOf(id), context(id, queue));
+    return "ok";
+  } catch (error) {
+    return classifyError(error);
+  }
+}
+
+async function outcomes(relay: Relay, ids: string[], queue: string): Promise<Map<string, "ok" | ErrorClass>> {
+  const results = await Promise.all(ids.map(async (id) => [id, await outcome(relay, id, queue)] as const));
+  return new Map(results);
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** Retry the ids until each is accepted; every failure on the way must be transient. Bounded in time. */
+async function retryUntilDelivered(relay: Relay, ids: string[], queue: string, timeoutMs = 20_000) {
+  const deadline = Date.now() + timeoutMs;
+  let pending = ids;
+  const failures = new Set<ErrorClass>();
+  for (let round = 0; pending.length > 0 && Date.now() < deadline && round < 500; round++) {
+    const results = await outcomes(relay, pending, queue);
+    pending = pending.filter((id) => results.get(id) !== "ok");
+    for (const result of results.values()) if (result !== "ok") failures.add(result);
+    if (pending.length > 0) await sleep(200);
+  }
+  expect(pending, "ids still failing after the broker came back").toEqual([]);
+  expect(
+    [...failures].filter((f) => f !== "transient"),
+    "failures while recovering",
+  ).toEqual([]);
+}
+
+/**
+ * The outage scenario shared by every broker. 20 messages are delivered; 10 more reach the broker but
+ * their acks are held back when the proxy cuts every connection (the at-least-once case: stored, yet
+ * reported failed); 20 more are sent during the outage; then the proxy comes back and every failed id is
+ * retried. `landed` counts what the broker has stored. Returns the ids whose acks were lost.
+ */
+async function burstThroughOutage(
+  relay: Relay,
+  proxy: TcpProxy,
+  ids: string[],
+  queue: string,
+  landed: () => Promise<number>,
+): Promise<Set<string>> {
+  const before = await outcomes(relay, ids.slice(0, 20), queue);
+  expect([...before.values()], "deliveries before the outage").toEqual(ids.slice(0, 20).map(() => "ok"));
+
+  proxy.holdReplies();
+  const inFlight = outcomes(relay, ids.slice(20, 30), queue);
+  const deadline = Date.now() + 5000;
+  while ((await landed()) < 30 && Date.now() < deadline) await sleep(20);
+  expect(await landed(), "messages stored while their acks are held back").toBe(30);
+  proxy.cut();
+  const lostAcks = await inFlight;
+  expect([...lostAcks.values()], "calls whose ack was lost").toEqual(
+    ids.slice(20, 30).map(() => "transient"),
+  );
+
+  await sleep(300);
+  const during = await outcomes(relay, ids.slice(30), queue);
+  expect([...during.values()], "calls during the outage").toEqual(ids.slice(30).map(() => "transient"));
+
+  proxy.restore();
+  await retryUntilDelivered(relay, ids.slice(20), queue);
+  return new Set(ids.slice(20, 30));
+}
+
+/** Each id exactly once, except `twice`: exactly two copies of those. */
+function expectDelivered(delivered: string[], ids: string[], twice: ReadonlySet<string> = new Set()) {
+  const counts = new Map<string, number>();
+  for (const id of delivered) counts.set(id, (counts.get(id) ?? 0) + 1);
+  expect([...counts.keys()].sort()).toEqual([...ids].sort());
+  const wrong = [...counts].filter(([id, n]) => n !== (twice.has(id) ? 2 : 1));
+  expect(wrong, "ids delivered a wrong number of times [id, copies]").toEqual([]);
+}
+
+async function unreachable(what: string, probe: () => Promise<unknown>): Promise<string | undefined> {
+  try {
+    await Promise.race([
+      probe(),
+      sleep(3000).then(() => {
+        throw new Error("no answer within 3 s");
+      }),
+    ]);
+    return undefined;
+  } catch (error) {
+    const reason = `${what} unreachable (${error instanceof Error ? error.message : String(error)})`;
+    console.warn(`relays.test: skipping tests, ${reason}`);
+    return reason;
+  }
+}
+
+const redisDown = await unreachable(`Redis ${HOST}:${REDIS_PORT}`, async () => {
+  const client = new Redis({ host: HOST, port: REDIS_PORT, lazyConnect: true, maxRetriesPerRequest: 0 });
+  client.on("error", () => {});
+  try {
+    await client.connect();
+    await client.ping();
+  } finally {
+    client.disconnect();
+  }
+});
+const natsDown = await unreachable(`NATS JetStream ${HOST}:${NATS_PORT}`, async () => {
+  const nc = await natsConnect({ servers: `${HOST}:${NATS_PORT}`, timeout: 2000, reconnect: false });
+  try {
+    await (await nc.jetstreamManager()).getAccountInfo();
+  } finally {
+    await nc.close();
+  }
+});
+const rabbitDown = await unreachable(`RabbitMQ ${HOST}:5672`, async () => {
+  const model = await amqp.connect(RABBIT_URL, { timeout: 2000 });
+  await model.close();
+});
+
+/** Relays and proxies made in a test are closed after it, even when it fails. */
+const relays: Relay[] = [];
+const proxies: TcpProxy[] = [];
+afterEach(async () => {
+  await Promise.all(relays.splice(0).map((r) => r.close()));
+  await Promise.all(proxies.splice(0).map((p) => p.close()));
+});
+
+async function relay(config: Parameters<typeof createRelay>[0]): Promise<Relay> {
+  const created = await createRelay(config, { logger });
+  relays.push(created);
+  return created;
+}
+
+async function proxyTo(port: number): Promise<TcpProxy> {
+  const proxy = await startTcpProxy({ host: HOST, port });
+  proxies.push(proxy);
+  return proxy;
+}
+
+describe("relay config", () => {
+  it("reports every bad field and never echoes a secret", async () => {
+    const attempt = createRelay(
+      { type: "http", url: "https://user:hunter2-password@example.test/hook", hmacSecret: "short-secret" },
+      { logger },
+    );
+    await expect(attempt).rejects.toBeInstanceOf(OutboxConfigError);
+    const message = await attempt.catch((error: Error) => error.message);
+    expect(message).toMatch(/relay\.url/);
+    expect(message).toMatch(/relay\.hmacSecret/);
+    expect(message).not.toMatch(/hunter2|short-secret/);
+  });
+
+  it("rejects an unknown relay type and unknown fields", async () => {
+    await expect(createRelay({ type: "kafka" } as never, { logger })).rejects.toThrow(/relay\.type/);
+    await expect(
+      createRelay({ type: "redis", stream: "s", streem: "typo" } as never, { logger }),
+    ).rejects.toThrow(/streem/);
+  });
+});
+
+interface Received {
+  method: string;
+  url: string;
+  headers: http.IncomingHttpHeaders;
+  body: string;
+}
+
+describe("http relay", () => {
+  const SECRET = "a-shared-secret-of-32-characters";
+  const received: Received[] = [];
+  let respond: (req: Received, res: http.ServerResponse) => void = (_req, res) => res.writeHead(204).end();
+  let server: http.Server;
+  let port: number;
+
+  beforeAll(async () => {
+    server = http.createServer((req, res) => {
+      const chunks: Buffer[] = [];
+      req.on("data", (chunk: Buffer) => chunks.push(chunk));
+      req.on("end", () => {
+        const entry = {
+          method: req.method ?? "",
+          url: req.url ?? "",
+          headers: req.headers,
+          body: Buffer.concat(chunks).toString("utf8"),
+        };
+        received.push(entry);
+        respond(entry, res);
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(0, HOST, resolve));
+    port = (server.address() as AddressInfo).port;
+  });
+  afterEach(() => {
+    received.length = 0;
+    respond = (_req, res) => res.writeHead(204).end();
+  });
+  afterAll(async () => {
+    server.closeAllConnections();
+    await new Promise((resolve) => server.close(resolve));
+  });
+
+  const bodyIds = (entries: Received[]) => entries.map((r) => (JSON.parse(r.body) as { id: string }).id);
+
+  it("delivers a burst of 50, each once, signed and with the id headers", async () => {
+    const http = await relay({
+      type: "http",
+      url: `http://${HOST}:${port}/hook`,
+      hmacSecret: SECRET,
+      headers: { authorization: "Bearer t0ken", "x-outbox-id": "cannot override" },
+    });
+    const ids = newIds(BURST);
+    const results = await outcomes(http, ids, "orders.placed");
+    expect([...results.values()].every((r) => r === "ok")).toBe(true);
+
+    expectDelivered(bodyIds(received), ids);
+    for (const request of received) {
+      const body = JSON.parse(request.body) as Record<string, unknown>;
+      expect(request.method).toBe("POST");
+      expect(request.url).toBe("/hook");
+      expect(request.headers["content-type"]).toBe("application/json");
+      expect(request.headers["x-outbox-id"]).toBe(body.id);
+      expect(request.headers["idempotency-key"]).toBe(body.id);
+      expect(request.headers.authorization).toBe("Bearer t0ken");
+      expect(body).toMatchObject({
+        queue: "orders.placed",
+        key: `k-${body.id}`,
+        headers: { traceparent: `00-${body.id}`, "x-tenant": "acme" },
+        payload: payloadOf(String(body.id)),
+      });
+      expect(new Date(String(body.createdAt)).toISOString()).toBe(body.createdAt);
+
+      const signature = String(request.headers["x-outbox-signature"]);
+      expect(signature).toMatch(/^sha256=[0-9a-f]{64}$/);
+      const expected = createHmac("sha256", SECRET).update(request.body).digest();
+      expect(timingSafeEqual(Buffer.from(signature.slice("sha256=".length), "hex"), expected)).toBe(true);
+    }
+  });
+
+  it("classifies answers: 422 permanent, 429 and 503 transient, with status and a short body snippet", async () => {
+    const http = await relay({
+      type: "http",
+      url: `http://${HOST}:${port}/hook?token=s3cr3t`,
+      method: "PUT",
+    });
+    const statusFor = new Map<string, number>();
+    respond = (req, res) => {
+      const status = statusFor.get(String(req.headers["x-outbox-id"])) ?? 500;
+      res.writeHead(status, { "content-type": "text/plain" }).end(`refused:\n${"x".repeat(1000)}`);
+    };
+    const cases: Array<[number, ErrorClass]> = [
+      [422, "permanent"],
+      [400, "permanent"],
+      [404, "permanent"],
+      [408, "transient"],
+      [429, "transient"],
+      [503, "transient"],
+      [500, "transient"],
+      [302, "transient"],
+    ];
+    for (const [status, expected] of cases) {
+      const [id = ""] = newIds(1);
+      statusFor.set(id, status);
+      const error = await Promise.resolve(http.handler({}, context(id, "q"))).then(
+        () => undefined,
+        (e: unknown) => e as Error,
+      );
+      expect(error, `status ${status}`).toBeInstanceOf(Error);
+      expect(classifyError(error), `status ${status}`).toBe(expected);
+      expect(error?.message).toContain(`PUT http://${HOST}:${port}/hook?… answered ${status}`);
+      expect(error?.message).not.toContain("s3cr3t");
+      if (status !== 302) expect(error?.message).toContain("refused: xxx");
+      expect(error?.message.length).toBeLessThan(320);
+    }
+    expect(received.every((r) => r.method === "PUT")).toBe(true);
+  });
+
+  it("treats a timeout and a refused connection as transient", async () => {
+    respond = (_req, res) => void setTimeout(() => res.writeHead(204).end(), 3000);
+    const slow = await relay({ type: "http", url: `http://${HOST}:${port}/slow`, timeoutMs: 300 });
+    const [id = ""] = newIds(1);
+    const started = Date.now();
+    expect(await outcome(slow, id, "q")).toBe("transient");
+    expect(Date.now() - started).toBeLessThan(2500);
+
+    const proxy = await proxyTo(port);
+    proxy.cut();
+    const refused = await relay({ type: "http", url: `http://${HOST}:${proxy.port}/hook` });
+    expect(await outcome(refused, id, "q")).toBe("transient");
+  });
+
+  it("loses nothing when the connection is cut mid-burst", async () => {
+    respond = (_req, res) => void setTimeout(() => res.writeHead(200).end("ok"), 5);
+    const proxy = await proxyTo(port);
+    const http = await relay({ type: "http", url: `http://${HOST}:${proxy.port}/hook`, timeoutMs: 2000 });
+    const ids = newIds(BURST);
+    const lostAcks = await burstThroughOutage(http, proxy, ids, "q", async () => received.length);
+    expectDelivered(bodyIds(received), ids, lostAcks);
+  });
+});
+
+describe("closing a relay whose broker is down", () => {
+  const CLOSING = `outbox-relay-test.${RUN}.closing`;
+  const STREAM = `OUTBOX_RELAY_TEST_${RUN}_closing`;
+  const brokers = [
+    {
+      name: "redis",
+      port: REDIS_PORT,
+      down: redisDown,
+      config: (port: number) => ({ type: "redis", url: `redis://${HOST}:${port}`, stream: CLOSING }) as const,
+      cleanup: async () => {
+        const client = new Redis({ host: HOST, port: REDIS_PORT, maxRetriesPerRequest: 0 });
+        client.on("error", () => {});
+        await client.del(CLOSING).finally(() => client.disconnect());
+      },
+    },
+    {
+      name: "nats",
+      port: NATS_PORT,
+      down: natsDown,
+      config: (port: number) =>
+        ({ type: "nats", servers: `nats://${HOST}:${port}`, subject: CLOSING, stream: STREAM }) as const,
+      cleanup: async () => {
+        const nc = await natsConnect({ servers: `${HOST}:${NATS_PORT}`, timeout: 2000 });
+        await (await nc.jetstreamManager()).streams.delete(STREAM).finally(() => nc.close());
+      },
+    },
+    {
+      name: "rabbitmq",
+      port: 5672,
+      down: rabbitDown,
+      config: (port: number) =>
+        ({
+          type: "rabbitmq",
+          url: `amqp://guest:guest@${HOST}:${port}`,
+          routingKey: CLOSING,
+          declareQueue: CLOSING,
+        }) as const,
+      cleanup: async () => {
+        const model = await amqp.connect(RABBIT_URL);
+        const channel = await model.createChannel();
+        await channel.deleteQueue(CLOSING).finally(() => model.close());
+      },
+    },
+  ];
+
+  for (const broker of brokers) {
+    it.skipIf(broker.down !== undefined)(
+      `${broker.name}: close() is prompt, idempotent, and final`,
+      async () => {
+        try {
+          const proxy = await proxyTo(broker.port);
+          const relayed = await createRelay({ ...broker.config(proxy.port), timeoutMs: 1000 }, { logger });
+          const [a = "", b = ""] = newIds(2);
+          expect(await outcome(relayed, a, "q")).toBe("ok");
+          proxy.cut();
+          expect(await outcome(relayed, b, "q")).toBe("transient");
+          const started = Date.now();
+          await Promise.all([relayed.close(), relayed.close()]);
+          await relayed.close();
+          expect(Date.now() - started).toBeLessThan(3000);
+          proxy.restore();
+          await sleep(300);
+          expect(await outcome(relayed, b, "q")).toBe("transient");
+        } finally {
+          await broker.cleanup();
+        }
+      },
+    );
+  }
+});
+
+describe.skipIf(redisDown !== undefined)("redis relay", () => {
+  let redis: Redis;
+  const streams: string[] = [];
+  const streamName = (label: string) => {
+    const name = `outbox-relay-test:${RUN}:${label}`;
+    streams.push(name);
+    return name;
+  };
+
+  beforeAll(() => {
+    redis = new Redis({ host: HOST, port: REDIS_PORT, maxRetriesPerRequest: 1 });
+    redis.on("error", () => {});
+  });
+  afterAll(async () => {
+    if (streams.length > 0) await redis.del(...streams);
+    redis.disconnect();
+  });
+
+  async function entries(stream: string): Promise<Array<Record<string, string>>> {
+    const rows = await redis.xrange(stream, "-", "+");
+    return rows.map(([, fields]) => {
+      const record: Record<string, string> = {};
+      for (let i = 0; i + 1 < fields.length; i += 2) record[String(fields[i])] = String(fields[i + 1]);
+      return record;
+    });
+  }
+
+  it("XADDs a burst of 50 with every field; a second call for an id adds a duplicate", async () => {
+    const stream = streamName("burst");
+    const template = stream.replace(/burst$/, "{queue}");
+    const relayed = await relay({ type: "redis", url: `redis://${HOST}:${REDIS_PORT}`, stream: template });
+    const ids = newIds(BURST);
+    const results = await outcomes(relayed, ids, "burst");
+    expect([...results.values()].every((r) => r === "ok")).toBe(true);
+    const twice = ids.slice(0, 5);
+    expect([...(await outcomes(relayed, twice, "burst")).values()].every((r) => r === "ok")).toBe(true);
+
+    const rows = await entries(stream);
+    expect(rows).toHaveLength(BURST + twice.length);
+    expectDelivered(
+      rows.map((r) => r.id ?? ""),
+      ids,
+      new Set(twice),
+    );
+    for (const id of twice) expect(rows.filter((r) => r.id === id)).toHaveLength(2);
+    const first = rows.find((r) => r.id === ids[10]);
+    expect(first).toMatchObject({
+      queue: "burst",
+      key: `k-${ids[10]}`,
+      headers: JSON.stringify({ traceparent: `00-${ids[10]}`, "x-tenant": "acme" }),
+      payload: JSON.stringify(payloadOf(ids[10] ?? "")),
+    });
+    expect(new Date(first?.createdAt ?? "").getTime()).toBeGreaterThan(0);
+
+    const [keyless = ""] = newIds(1);
+    await relayed.handler(null, context(keyless, "burst", null));
+    const last = (await entries(stream)).at(-1);
+    expect(last).toMatchObject({ id: keyless, payload: "null" });
+    expect(last).not.toHaveProperty("key");
+  });
+
+  it("loses nothing when the connection is cut mid-burst", async () => {
+    const proxy = await proxyTo(REDIS_PORT);
+    const stream = streamName("outage");
+    const relayed = await relay({
+      type: "redis",
+      url: `redis://${HOST}:${proxy.port}`,
+      stream,
+      timeoutMs: 2000,
+    });
+    const ids = newIds(BURST);
+    const lostAcks = await burstThroughOutage(relayed, proxy, ids, "outage", () => redis.xlen(stream));
+    expectDelivered(
+      (await entries(stream)).map((r) => r.id ?? ""),
+      ids,
+      lostAcks,
+    );
+  });
+
+  it("times out on a silent network and recovers once it is back", async () => {
+    const proxy = await proxyTo(REDIS_PORT);
+    const stream = streamName("blackhole");
+    const relayed = await relay({
+      type: "redis",
+      url: `redis://${HOST}:${proxy.port}`,
+      stream,
+      timeoutMs: 500,
+    });
+    const [a = "", b = ""] = newIds(2);
+    expect(await outcome(relayed, a, "q")).toBe("ok");
+    proxy.blackhole();
+    const started = Date.now();
+    expect(await outcome(relayed, b, "q")).toBe("transient");
+    expect(Date.now() - started).toBeLessThan(2000);
+    proxy.restore();
+    await retryUntilDelivered(relayed, [b], "q");
+    expect((await entries(stream)).map((r) => r.id)).toContain(b);
+  });
+
+  it("starts while Redis is down and delivers once it is up", async () => {
+    const proxy = await proxyTo(REDIS_PORT);
+    proxy.cut();
+    const stream = streamName("late");
+    const relayed = await relay({
+      type: "redis",
+      url: `redis://${HOST}:${proxy.port}`,
+      stream,
+      timeoutMs: 1000,
+    });
+    const [id = ""] = newIds(1);
+    expect(await outcome(relayed, id, "q")).toBe("transient");
+    proxy.restore();
+    await retryUntilDelivered(relayed, [id], "q");
+    expect((await entries(stream)).map((r) => r.id)).toEqual([id]);
+  });
+});
+
+describe.skipIf(natsDown !== undefined)("nats relay", () => {
+  let nc: NatsConnection;
+  let jsm: JetStreamManager;
+  const streams: string[] = [];
+  const target = (label: string) => {
+    const stream = `OUTBOX_RELAY_TEST_${RUN}_${label}`;
+    streams.push(stream);
+    return { stream, subject: `outbox-relay-test.${RUN}.${label}.{queue}` };
+  };
+
+  beforeAll(async () => {
+    nc = await natsConnect({ servers: `${HOST}:${NATS_PORT}`, timeout: 2000 });
+    jsm = await nc.jetstreamManager();
+  });
+  afterAll(async () => {
+    for (const stream of streams) await jsm.streams.delete(stream).catch(() => false);
+    await nc.close();
+  });
+
+  async function stored(stream: string) {
+    const { state } = await jsm.streams.info(stream);
+    const messages = [];
+    for (let seq = state.first_seq; seq <= state.last_seq && messages.length < 1000; seq++) {
+      messages.push(await jsm.streams.getMessage(stream, { seq }));
+    }
+    return messages;
+  }
+
+  it("publishes a burst of 50 exactly once, even when every id is handled twice", async () => {
+    const { stream, subject } = target("burst");
+    const relayed = await relay({ type: "nats", servers: `nats://${HOST}:${NATS_PORT}`, subject, stream });
+    const ids = newIds(BURST);
+    for (let round = 0; round < 2; round++) {
+      const results = await outcomes(relayed, ids, "orders.placed");
+      expect([...results.values()].every((r) => r === "ok")).toBe(true);
+    }
+
+    const messages = await stored(stream);
+    expect(messages).toHaveLength(BURST);
+    expectDelivered(
+      messages.map((m) => m.header.get("Nats-Msg-Id")),
+      ids,
+    );
+    const message = messages[0];
+    const id = message?.header.get("Nats-Msg-Id") ?? "";
+    expect(message?.subject).toBe(`outbox-relay-test.${RUN}.burst.orders.placed`);
+    expect(message?.json()).toEqual(payloadOf(id));
+    expect(message?.header.get("Outbox-Queue")).toBe("orders.placed");
+    expect(message?.header.get("Outbox-Key")).toBe(`k-${id}`);
+    expect(message?.header.get("traceparent")).toBe(`00-${id}`);
+    expect(message?.header.get("x-tenant")).toBe("acme");
+  });
+
+  it("loses nothing and duplicates nothing when the connection is cut mid-burst", async () => {
+    const proxy = await proxyTo(NATS_PORT);
+    const { stream, subject } = target("outage");
+    const relayed = await relay({
+      type: "nats",
+      servers: `nats://${HOST}:${proxy.port}`,
+      subject,
+      stream,
+      timeoutMs: 1500,
+    });
+    const ids = newIds(BURST);
+    await burstThroughOutage(
+      relayed,
+      proxy,
+      ids,
+      "q",
+      async () => (await jsm.streams.info(stream)).state.messages,
+    );
+    // The ids whose acks were lost were stored, then published again: the server dropped the second copy.
+    const messages = await stored(stream);
+    expectDelivered(
+      messages.map((m) => m.header.get("Nats-Msg-Id")),
+      ids,
+    );
+  });
+
+  it("leaves an existing stream as its owner configured it", async () => {
+    const { stream } = target("owned");
+    await jsm.streams.add({ name: stream, subjects: [`outbox-relay-test.${RUN}.owned-elsewhere.>`] });
+    const subject = `outbox-relay-test.${RUN}.owned.{queue}`;
+    const relayed = await relay({ type: "nats", subject, stream, timeoutMs: 1000 });
+    const [id = ""] = newIds(1);
+    expect(await outcome(relayed, id, "q")).toBe("transient");
+    const { config } = await jsm.streams.info(stream);
+    expect(config.subjects).toEqual([`outbox-relay-test.${RUN}.owned-elsewhere.>`]);
+  });
+
+  it("retries, not dead-letters, a subject no stream captures", async () => {
+    const relayed = await relay({
+      type: "nats",
+      subject: `outbox-relay-test.${RUN}.nowhere.{queue}`,
+      timeoutMs: 1000,
+    });
+    const [id = ""] = newIds(1);
+    expect(await outcome(relayed, id, "q")).toBe("transient");
+  });
+
+  it("starts while NATS is down and delivers once it is up", async () => {
+    const proxy = await proxyTo(NATS_PORT);
+    proxy.cut();
+    const { stream, subject } = target("late");
+    const relayed = await relay({
+      type: "nats",
+      servers: [`nats://${HOST}:${proxy.port}`],
+      subject,
+      stream,
+      timeoutMs: 1000,
+    });
+    const [id = ""] = newIds(1);
+    expect(await outcome(relayed, id, "q")).toBe("transient");
+    proxy.restore();
+    await retryUntilDelivered(relayed, [id], "q");
+    expect((await stored(stream)).map((m) => m.header.get("Nats-Msg-Id"))).toEqual([id]);
+  });
+});
+
+describe.skipIf(rabbitDown !== undefined)("rabbitmq relay", () => {
+  let model: amqp.ChannelModel;
+  let channel: amqp.Channel;
+  const queues: string[] = [];
+  const queueName = (label: string) => {
+    const name = `outbox-relay-test.${RUN}.${label}`;
+    queues.push(name);
+    return name;
+  };
+
+  beforeAll(async () => {
+    model = await amqp.connect(RABBIT_URL);
+    model.on("error", () => {});
+    channel = await model.createChannel();
+    channel.on("error", () => {});
+  });
+  afterAll(async () => {
+    for (const queue of queues) await channel.deleteQueue(queue).catch(() => {});
+    await model.close();
+  });
+
+  async function drain(queue: string): Promise<amqp.GetMessage[]> {
+    const messages: amqp.GetMessage[] = [];
+    const deadline = Date.now() + 10_000;
+    while (messages.length < 1000 && Date.now() < deadline) {
+      const message = await channel.get(queue, { noAck: true });
+      if (message === false) break;
+      messages.push(message);
+    }
+    return messages;
+  }
+
+  it("publishes a burst of 50 confirmed and persistent; a second call for an id publishes it again", async () => {
+    const queue = queueName("burst");
+    const relayed = await relay({
+      type: "rabbitmq",
+      url: RABBIT_URL,
+      routingKey: "{queue}",
+      declareQueue: queue,
+    });
+    const ids = newIds(BURST);
+    expect([...(await outcomes(relayed, ids, queue)).values()].every((r) => r === "ok")).toBe(true);
+    const twice = ids.slice(0, 5);
+    expect([...(await outcomes(relayed, twice, queue)).values()].every((r) => r === "ok")).toBe(true);
+
+    const messages = await drain(queue);
+    expect(messages).toHaveLength(BURST + twice.length);
+    expectDelivered(
+      messages.map((m) => String(m.properties.messageId)),
+      ids,
+      new Set(twice),
+    );
+    const message = messages.find((m) => m.properties.messageId === ids[7]);
+    expect(message?.properties).toMatchObject({
+      contentType: "application/json",
+      deliveryMode: 2,
+      headers: {
+        traceparent: `00-${ids[7]}`,
+        "x-tenant": "acme",
+        "x-outbox-queue": queue,
+        "x-outbox-key": `k-${ids[7]}`,
+      },
+    });
+    expect(JSON.parse(message?.content.toString("utf8") ?? "")).toEqual(payloadOf(ids[7] ?? ""));
+  });
+
+  it("loses nothing when the connection is cut mid-burst", async () => {
+    const proxy = await proxyTo(5672);
+    const queue = queueName("outage");
+    const relayed = await relay({
+      type: "rabbitmq",
+      url: `amqp://guest:guest@${HOST}:${proxy.port}`,
+      routingKey: queue,
+      declareQueue: queue,
+      timeoutMs: 2000,
+    });
+    const ids = newIds(BURST);
+    const lostAcks = await burstThroughOutage(
+      relayed,
+      proxy,
+      ids,
+      queue,
+      async () => (await channel.checkQueue(queue)).messageCount,
+    );
+    expectDelivered(
+      (await drain(queue)).map((m) => String(m.properties.messageId)),
+      ids,
+      lostAcks,
+    );
+  });
+
+  it("retries, not drops, a message no queue is bound for", async () => {
+    const relayed = await relay({
+      type: "rabbitmq",
+      url: RABBIT_URL,
+      routingKey: `outbox-relay-test.${RUN}.nowhere`,
+    });
+    const [id = ""] = newIds(1);
+    expect(await outcome(relayed, id, "q")).toBe("transient");
+  });
+
+  it("starts while RabbitMQ is down and delivers once it is up", async () => {
+    const proxy = await proxyTo(5672);
+    proxy.cut();
+    const queue = queueName("late");
+    const relayed = await relay({
+      type: "rabbitmq",
+      url: `amqp://guest:guest@${HOST}:${proxy.port}`,
+      routingKey: queue,
+      declareQueue: queue,
+      timeoutMs: 1000,
+    });
+    const [id = ""] = newIds(1);
+    expect(await outcome(relayed, id, "q")).toBe("transient");
+    proxy.restore();
+    await retryUntilDelivered(relayed, [id], "q");
+    expect((await drain(queue)).map((m) => m.properties.messageId)).toEqual([id]);
+  });
+
+  it("close() is idempotent, and a closed relay fails as transient", async () => {
+    const relayed = await relay({ type: "rabbitmq", url: RABBIT_URL, routingKey: queueName("closed") });
+    await Promise.all([relayed.close(), relayed.close()]);
+    await relayed.close();
+    const [id = ""] = newIds(1);
+    expect(await outcome(relayed, id, "q")).toBe("transient");
+  });
+});
