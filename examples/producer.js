@@ -17,11 +17,16 @@ for (let n = 1; !stopping; n++) {
   try {
     await client.query("BEGIN");
     const customer = `customer-${n % 5}`;
-    const { rows } = await client.query("INSERT INTO demo_orders (customer, total_cents) VALUES ($1, $2) RETURNING id", [
-      customer,
-      1000 + n,
-    ]);
-    await outbox.publish(client, "order.placed", { orderId: Number(rows[0].id), customer }, { key: customer });
+    const { rows } = await client.query(
+      "INSERT INTO demo_orders (customer, total_cents) VALUES ($1, $2) RETURNING id",
+      [customer, 1000 + n],
+    );
+    await outbox.publish(
+      client,
+      "order.placed",
+      { orderId: Number(rows[0].id), customer },
+      { key: customer },
+    );
     await client.query("COMMIT");
   } catch (error) {
     await client.query("ROLLBACK").catch(() => {});
