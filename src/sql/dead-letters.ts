@@ -1,21 +1,10 @@
 import { type Statement, statement } from "./executor.js";
 import type { OutboxNames } from "./names.js";
+import type { MessageColumns } from "./rows.js";
 
 /** A dead letter with every column, plus its age. */
-export interface DeadLetterRow {
-  id: string;
-  queue: string;
-  payload: unknown;
-  headers: Record<string, string>;
-  key: string | null;
-  created_at: Date;
-  available_at: Date;
+export interface DeadLetterRow extends MessageColumns {
   acquired_by: string | null;
-  deliveries_count: number;
-  attempts_count: number;
-  failures_count: number;
-  first_attempt_at: Date | null;
-  last_attempt_at: Date | null;
   dead_at: Date;
   reason: string;
   error: string | null;

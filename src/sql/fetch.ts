@@ -1,22 +1,11 @@
 import { type Statement, statement } from "./executor.js";
 import type { OutboxNames } from "./names.js";
+import type { MessageColumns } from "./rows.js";
 
 /** A leased row, as the fetch statement returns it. */
-export interface LeasedRow {
-  id: string;
-  queue: string;
-  payload: unknown;
-  headers: Record<string, string>;
-  key: string | null;
-  created_at: Date;
-  available_at: Date;
+export interface LeasedRow extends MessageColumns {
   acquired_at: Date;
   lease_expires_at: Date;
-  deliveries_count: number;
-  attempts_count: number;
-  failures_count: number;
-  first_attempt_at: Date | null;
-  last_attempt_at: Date | null;
   last_error: string | null;
 }
 

@@ -1,30 +1,19 @@
 import { type Statement, statement } from "./executor.js";
 import type { OutboxNames } from "./names.js";
+import type { MessageColumns } from "./rows.js";
 
 /** The states of the `unprocessed` view, in the order a message usually goes through them. */
 export const MESSAGE_STATES = ["scheduled", "ready", "leased", "lease_expired"] as const;
 export type MessageState = (typeof MESSAGE_STATES)[number];
 
 /** One row of the `unprocessed` view, as peek returns it. */
-export interface PeekRow {
-  id: string;
-  queue: string;
-  key: string | null;
+export interface PeekRow extends MessageColumns {
   state: MessageState;
   /** Seconds since the message was created. */
   age_s: number;
-  payload: unknown;
-  headers: Record<string, string>;
-  created_at: Date;
-  available_at: Date;
   acquired_at: Date | null;
   acquired_by: string | null;
   lease_expires_at: Date | null;
-  deliveries_count: number;
-  attempts_count: number;
-  failures_count: number;
-  first_attempt_at: Date | null;
-  last_attempt_at: Date | null;
   last_error: string | null;
 }
 
