@@ -21,7 +21,7 @@ interface Pair {
 
 /** A TCP forwarder on 127.0.0.1 for breaking a connection to a real server in a test. */
 export async function startTcpProxy(target: { host: string; port: number }): Promise<TcpProxy> {
-  let mode: "open" | "cut" | "blackhole" = "open";
+  let mode: "open" | "cut" | "blackhole" | "hold" = "open";
   const pairs = new Set<Pair>();
 
   const destroy = (pair: Pair) => {
@@ -41,7 +41,9 @@ export async function startTcpProxy(target: { host: string; port: number }): Pro
   const pipeBoth = (pair: Pair) => {
     if (pair.upstream === undefined) return;
     pair.client.pipe(pair.upstream);
-    pair.upstream.pipe(pair.client);
+    // Held replies apply to connections opened later too: an HTTP client opens new ones for concurrent calls.
+    if (mode === "hold") pair.upstream.pause();
+    else pair.upstream.pipe(pair.client);
   };
 
   const server = net.createServer((client) => {
@@ -53,7 +55,7 @@ export async function startTcpProxy(target: { host: string; port: number }): Pro
     const pair: Pair = { client, upstream: undefined };
     pairs.add(pair);
     client.on("close", () => destroy(pair));
-    if (mode === "open") connectUpstream(pair);
+    if (mode === "open" || mode === "hold") connectUpstream(pair);
     else client.pause();
   });
   await new Promise<void>((resolve, reject) => {
@@ -79,6 +81,7 @@ export async function startTcpProxy(target: { host: string; port: number }): Pro
       }
     },
     holdReplies() {
+      mode = "hold";
       for (const pair of pairs) {
         pair.upstream?.unpipe();
         pair.upstream?.pause();
