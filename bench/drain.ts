@@ -19,7 +19,7 @@ const names = outboxNames(schema);
 
 const pool = new pg.Pool({ connectionString: DATABASE_URL, max: 4 });
 await pool.query(`DROP SCHEMA IF EXISTS ${names.quotedSchema} CASCADE`);
-await migrate({ connection: pool, schema });
+await migrate({ connection: DATABASE_URL, schema });
 
 async function fill(): Promise<void> {
   await pool.query(`TRUNCATE ${names.messages}`);

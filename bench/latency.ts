@@ -20,7 +20,7 @@ const names = outboxNames(schema);
 
 const pool = new pg.Pool({ connectionString: DATABASE_URL, max: 8 });
 await pool.query(`DROP SCHEMA IF EXISTS ${names.quotedSchema} CASCADE`);
-await migrate({ connection: pool, schema });
+await migrate({ connection: DATABASE_URL, schema });
 
 interface Figures {
   p50: number;

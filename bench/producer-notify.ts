@@ -70,7 +70,7 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
 
 const pool = new pg.Pool({ connectionString: url, max: CLIENTS + 2 });
 await pool.query(`DROP SCHEMA IF EXISTS ${names.quotedSchema} CASCADE`);
-await migrate({ connection: pool, schema });
+await migrate({ connection: url, schema });
 const listener = new pg.Client({ connectionString: url });
 await listener.connect();
 let notifications = 0;

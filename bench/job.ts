@@ -1,0 +1,409 @@
+/**
+ * One measurement in its own process, spawned by bench/run.ts: `tsx bench/job.ts '<json spec>'`. Prints
+ * one `BENCH_RESULT {json}` line. Each job works in its own fresh schema and drops it at the end.
+ */
+import { randomUUID } from "node:crypto";
+import pg from "pg";
+import { completeStatements } from "../src/sql/complete.js";
+import { run } from "../src/sql/executor.js";
+import { fetchStatement } from "../src/sql/fetch.js";
+import { outboxNames } from "../src/sql/names.js";
+import {
+  cpuMeter,
+  DATABASE_URL,
+  instrumentQueries,
+  median,
+  PAYLOAD_SQL,
+  percentile,
+  RESULT_MARK,
+  runJob,
+  sampleRss,
+  sleep,
+  until,
+} from "./lib.js";
+import { graphilePeer } from "./peers/graphile.js";
+import { outboxPeer } from "./peers/outbox.js";
+import type { Peer } from "./peers/peer.js";
+import { QUEUE, vacuumSchema } from "./peers/peer.js";
+import { pgbossPeer } from "./peers/pgboss.js";
+import { type SqlVariant, sqlDrain } from "./peers/sql.js";
+
+export type PeerName = "outbox" | "graphile" | "pgboss";
+
+export type JobSpec =
+  | { kind: "drain"; peer: PeerName; concurrency: number; rows: number; tuning?: Record<string, number> }
+  | { kind: "sql"; variant: SqlVariant; connections: number; rows: number }
+  | { kind: "latency"; peer: PeerName; listen: boolean; rate: number; seconds: number }
+  | { kind: "producer"; peer: PeerName; mode: string; clients: number; seconds: number; batch?: number }
+  | { kind: "scale"; sizes: number[]; concurrency: number; timed: number };
+
+export interface DrainResult {
+  rate: number;
+  seconds: number;
+  /** Statements per message between 10 % and 90 % of the backlog (steady state). */
+  roundTrips: number;
+  rssMb: number;
+  /** This project only: statements timed client side (ms), and rows per lease. */
+  leaseMs?: number;
+  ackMs?: number;
+  leases?: number;
+  /** CPU ms per 1000 messages: the worker process and the rest of the machine (Postgres). */
+  cpuNode: number;
+  cpuRest: number;
+}
+export interface LatencyResult {
+  p50: number;
+  p95: number;
+  p99: number;
+  max: number;
+}
+export interface ProducerResult {
+  txPerSec: number;
+  rowsPerSec: number;
+  notificationsPerSec: number;
+}
+export interface PlanCheck {
+  rows: number;
+  statement: string;
+  mode: "custom" | "generic";
+  scans: string;
+  ok: boolean;
+  ms: number;
+}
+export interface ScaleResult {
+  plans: PlanCheck[];
+  /** Isolated statement times at the largest size (ms), per rows leased/deleted. */
+  timedFetch: { limit: number; p50: number; p99: number }[];
+  timedAck: { limit: number; p50: number; p99: number }[];
+  /** The same statements timed inside the draining worker (client side, event-loop waits included). */
+  workerFetch: { p50: number; p99: number };
+  workerAck: { p50: number; p99: number };
+  rssMaxMb: number;
+  rssMedianMb: number;
+  rssIdleMb: number;
+  startRate: number;
+  endRate: number;
+  rate: number;
+  roundTrips: number;
+}
+
+function peerFor(name: PeerName, schema: string, notify = true): Peer {
+  if (name === "outbox") return outboxPeer(schema);
+  if (name === "graphile") return graphilePeer(schema);
+  return pgbossPeer(schema, notify);
+}
+
+const MB = 2 ** 20;
+
+async function checkpoint(): Promise<void> {
+  const client = new pg.Client({ connectionString: DATABASE_URL });
+  await client.connect();
+  await client.query("CHECKPOINT");
+  await client.end();
+}
+
+async function drain(spec: Extract<JobSpec, { kind: "drain" }>): Promise<DrainResult> {
+  const peer = peerFor(spec.peer, `bench_drain_${spec.peer}`);
+  await peer.setup();
+  await peer.fill(spec.rows);
+  const queries = instrumentQueries();
+  const lo = Math.floor(spec.rows * 0.1);
+  const hi = Math.floor(spec.rows * 0.9);
+  let handled = 0;
+  let first = 0;
+  let atLo = 0;
+  let atHi = 0;
+  const rss = sampleRss();
+  const cpu = cpuMeter();
+  await peer.startWorker({
+    concurrency: spec.concurrency,
+    listen: true,
+    ...(spec.tuning ? { tuning: spec.tuning } : {}),
+    onJob: () => {
+      if (handled === 0) first = performance.now();
+      handled++;
+      if (handled === lo) atLo = queries.count;
+      if (handled === hi) atHi = queries.count;
+    },
+  });
+  await until(() => handled >= spec.rows, 600_000, 1);
+  await until(async () => (await peer.remaining()) === 0, 60_000, 2);
+  const seconds = (performance.now() - first) / 1000;
+  const used = cpu.stop();
+  const rssMb = Math.max(...rss.stop()) / MB;
+  await peer.stopWorker();
+  await peer.teardown();
+  if (handled !== spec.rows) throw new Error(`${handled} handler calls for ${spec.rows} rows`);
+  const lease = queries.timings.get("lease");
+  const ack = queries.timings.get("ack");
+  return {
+    rate: spec.rows / seconds,
+    seconds,
+    roundTrips: (atHi - atLo) / (hi - lo),
+    rssMb,
+    cpuNode: (used.node * 1e6) / spec.rows,
+    cpuRest: (used.rest * 1e6) / spec.rows,
+    ...(lease && ack ? { leaseMs: median(lease), ackMs: median(ack), leases: lease.length } : {}),
+  };
+}
+
+async function sqlCeiling(spec: Extract<JobSpec, { kind: "sql" }>): Promise<DrainResult> {
+  const schema = "bench_drain_sql";
+  const peer = outboxPeer(schema);
+  await peer.setup();
+  await peer.fill(spec.rows);
+  const queries = instrumentQueries();
+  const before = queries.count;
+  const cpu = cpuMeter();
+  let leased = 0;
+  const started = performance.now();
+  await sqlDrain(schema, spec.variant, spec.connections, (n) => {
+    leased += n;
+  });
+  const seconds = (performance.now() - started) / 1000;
+  const statements = queries.count - before;
+  const used = cpu.stop();
+  const left = await peer.remaining();
+  await peer.teardown();
+  if (left !== 0 || leased !== spec.rows) throw new Error(`sql drain: ${left} left, ${leased} leased`);
+  return {
+    rate: spec.rows / seconds,
+    seconds,
+    roundTrips: statements / spec.rows,
+    rssMb: process.memoryUsage().rss / MB,
+    cpuNode: (used.node * 1e6) / spec.rows,
+    cpuRest: (used.rest * 1e6) / spec.rows,
+  };
+}
+
+async function latency(spec: Extract<JobSpec, { kind: "latency" }>): Promise<LatencyResult> {
+  const peer = peerFor(spec.peer, `bench_latency_${spec.peer}`, spec.listen);
+  await peer.setup();
+  await checkpoint();
+  const started = new Map<number, number>();
+  await peer.startWorker({
+    concurrency: 10,
+    listen: spec.listen,
+    onJob: (p) => {
+      started.set(p.orderId, performance.now());
+    },
+  });
+  await sleep(1000); // idle worker
+  const producer = await peer.producer(4, "default");
+  const total = Math.round(spec.rate * spec.seconds);
+  const committed = new Map<number, number>();
+  const inflight: Promise<void>[] = [];
+  const t0 = performance.now();
+  for (let i = 0; i < total; i++) {
+    const wait = t0 + (i * 1000) / spec.rate - performance.now();
+    if (wait > 0) await sleep(wait);
+    inflight.push(producer.publish(i).then(() => void committed.set(i, performance.now())));
+  }
+  await Promise.all(inflight);
+  await until(() => started.size >= total, 15_000, 5);
+  await peer.stopWorker();
+  await producer.close();
+  await peer.teardown();
+  // A handler can start before its producer has seen COMMIT return: that counts as 0.
+  const lat = [...committed].map(([i, at]) => Math.max(0, (started.get(i) ?? Number.NaN) - at));
+  return {
+    p50: percentile(lat, 50),
+    p95: percentile(lat, 95),
+    p99: percentile(lat, 99),
+    max: Math.max(...lat),
+  };
+}
+
+async function producer(spec: Extract<JobSpec, { kind: "producer" }>): Promise<ProducerResult> {
+  const schema = `bench_producer_${spec.peer}`;
+  const peer = peerFor(spec.peer, schema, spec.mode !== "quiet");
+  await peer.setup();
+  await checkpoint();
+  // A worker-like LISTEN connection, so notifications are delivered as they would be in production.
+  const listener = new pg.Client({ connectionString: DATABASE_URL });
+  await listener.connect();
+  let notifications = 0;
+  listener.on("notification", () => notifications++);
+  await listener.query(`LISTEN "${await peer.channel()}"`);
+  const p = await peer.producer(spec.clients, spec.mode);
+  let next = 0;
+  let transactions = 0;
+  const deadline = performance.now() + spec.seconds * 1000;
+  await Promise.all(
+    Array.from({ length: spec.clients }, async () => {
+      while (performance.now() < deadline) {
+        if (spec.batch) {
+          const from = next;
+          next += spec.batch;
+          await p.publishBatch(from, spec.batch);
+        } else {
+          await p.publish(next++);
+        }
+        transactions++;
+      }
+    }),
+  );
+  await p.close();
+  const rows = await peer.remaining();
+  await listener.end();
+  await peer.teardown();
+  const expected = transactions * (spec.batch ?? 1);
+  if (rows !== expected) throw new Error(`${rows} rows stored for ${expected} published`);
+  return {
+    txPerSec: transactions / spec.seconds,
+    rowsPerSec: expected / spec.seconds,
+    notificationsPerSec: notifications / spec.seconds,
+  };
+}
+
+/** Names of the scans in a JSON plan, e.g. "Index Scan using messages_ready_idx". */
+function scans(plan: Record<string, unknown>, out: string[] = []): string[] {
+  const type = String(plan["Node Type"]);
+  if (/Scan/.test(type) && type !== "Function Scan" && type !== "Subquery Scan" && type !== "CTE Scan") {
+    out.push(
+      plan["Index Name"] ? `${type} using ${plan["Index Name"]}` : `${type} on ${plan["Relation Name"]}`,
+    );
+  }
+  for (const child of (plan.Plans as Record<string, unknown>[] | undefined) ?? []) scans(child, out);
+  return out;
+}
+
+async function explainStatements(pool: pg.Pool, schema: string, rows: number): Promise<PlanCheck[]> {
+  const names = outboxNames(schema);
+  const fetchSql = fetchStatement(names).text;
+  const ackSql = completeStatements(names).ack.text;
+  const checks: PlanCheck[] = [];
+  const client = await pool.connect();
+  try {
+    await client.query(`PREPARE lease(text[], int, uuid, double precision, text) AS ${fetchSql}`);
+    await client.query(`PREPARE ack(bigint[], uuid[]) AS ${ackSql}`);
+    for (const mode of ["custom", "generic"] as const) {
+      await client.query(`SET plan_cache_mode = force_${mode}_plan`);
+      await client.query("BEGIN");
+      const token = randomUUID();
+      const lease = await client.query(
+        `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE lease('{${QUEUE}}', 500, '${token}', 30000, 'explain')`,
+      );
+      const fetchPlan = lease.rows[0]["QUERY PLAN"][0];
+      // Lease 500 more for real (in the same transaction) and explain deleting them, fenced by token.
+      const leased = await run<{ id: string }>(client, fetchStatement(names), [
+        [QUEUE],
+        500,
+        token,
+        30000,
+        "explain",
+      ]);
+      const ids = `{${leased.map((r) => r.id).join(",")}}`;
+      const tokens = `{${leased.map(() => token).join(",")}}`;
+      const ack = await client.query(`EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE ack('${ids}', '${tokens}')`);
+      const ackPlan = ack.rows[0]["QUERY PLAN"][0];
+      await client.query("ROLLBACK");
+      for (const [statement, plan, mustUse] of [
+        ["fetch", fetchPlan, ["messages_ready_idx", "messages_leased_idx", "messages_pkey"]],
+        ["ack", ackPlan, []],
+      ] as [string, { Plan: Record<string, unknown>; "Execution Time": number; JIT?: unknown }, string[]][]) {
+        const found = scans(plan.Plan);
+        const ok =
+          !found.some((s) => / on messages$/.test(s) || /Seq Scan|Bitmap/.test(s)) &&
+          mustUse.every((index) => found.some((s) => s.endsWith(index)));
+        checks.push({
+          rows,
+          statement,
+          mode,
+          scans: [plan.Plan["Node Type"], ...new Set(found), ...(plan.JIT ? ["JIT compiled"] : [])].join(
+            " · ",
+          ),
+          ok,
+          ms: plan["Execution Time"],
+        });
+      }
+    }
+  } finally {
+    await client.query("ROLLBACK").catch(() => {});
+    await client.query("DEALLOCATE lease").catch(() => {});
+    await client.query("DEALLOCATE ack").catch(() => {});
+    await client.query("RESET plan_cache_mode").catch(() => {});
+    client.release();
+  }
+  return checks;
+}
+
+async function scale(spec: Extract<JobSpec, { kind: "scale" }>): Promise<ScaleResult> {
+  const schema = "bench_scale";
+  const names = outboxNames(schema);
+  const peer = outboxPeer(schema);
+  const pool = new pg.Pool({ connectionString: DATABASE_URL, max: 2 });
+  await peer.setup();
+  const insert = async (from: number, to: number) => {
+    // In slices, so no single transaction holds a million new rows.
+    for (let a = from; a <= to; a += 250_000) {
+      await pool.query(
+        `INSERT INTO ${names.messages} (queue, payload)
+         SELECT '${QUEUE}', ${PAYLOAD_SQL} FROM generate_series($1::int, $2::int) AS g`,
+        [a, Math.min(to, a + 249_999)],
+      );
+    }
+  };
+  const plans: PlanCheck[] = [];
+  let size = 0;
+  for (const target of spec.sizes) {
+    await insert(size + 1, target);
+    size = target;
+    await vacuumSchema(pool, schema);
+    plans.push(...(await explainStatements(pool, schema, size)));
+  }
+
+  // The statements alone, on the full backlog: lease N, delete them fenced, `timed` times per N.
+  const fetch = fetchStatement(names);
+  const { ack } = completeStatements(names);
+  const timedFetch: ScaleResult["timedFetch"] = [];
+  const timedAck: ScaleResult["timedAck"] = [];
+  const client = await pool.connect();
+  let taken = 0;
+  for (const limit of [100, 500]) {
+    const fetchMs: number[] = [];
+    const ackMs: number[] = [];
+    for (let i = 0; i < spec.timed; i++) {
+      const token = randomUUID();
+      let t = performance.now();
+      const rows = await run<{ id: string }>(client, fetch, [[QUEUE], limit, token, 30000, "timing"]);
+      fetchMs.push(performance.now() - t);
+      const ids = rows.map((r) => r.id);
+      t = performance.now();
+      await run(client, ack, [ids, ids.map(() => token)]);
+      ackMs.push(performance.now() - t);
+      taken += ids.length;
+    }
+    timedFetch.push({ limit, p50: percentile(fetchMs, 50), p99: percentile(fetchMs, 99) });
+    timedAck.push({ limit, p50: percentile(ackMs, 50), p99: percentile(ackMs, 99) });
+  }
+  client.release();
+  // Top the backlog up again, then drain it with one worker.
+  await insert(size + 1, size + taken);
+  await vacuumSchema(pool, schema);
+  const rows = (await pool.query(`SELECT count(*)::int AS n FROM ${names.messages}`)).rows[0].n as number;
+
+  await pool.end();
+  // The drain itself: the compiled package under plain node (see drain-compiled.mjs).
+  const drained = await runJob<Omit<ScaleResult, "plans" | "timedFetch" | "timedAck">>(
+    { url: DATABASE_URL, schema, rows, concurrency: spec.concurrency, batchSize: 500 },
+    { script: "bench/drain-compiled.mjs" },
+  );
+  await peer.teardown();
+  return { plans, timedFetch, timedAck, ...drained };
+}
+
+const spec = JSON.parse(process.argv[2] ?? "{}") as JobSpec;
+const result =
+  spec.kind === "drain"
+    ? await drain(spec)
+    : spec.kind === "sql"
+      ? await sqlCeiling(spec)
+      : spec.kind === "latency"
+        ? await latency(spec)
+        : spec.kind === "producer"
+          ? await producer(spec)
+          : await scale(spec);
+process.stdout.write(`${RESULT_MARK}${JSON.stringify(result)}\n`);
+// Peers may leave timers behind (pg-boss maintenance, pools): the result is out, so leave now.
+process.exit(0);

@@ -1,0 +1,120 @@
+/**
+ * This project, through its public pieces: migrate, createWorker, createPublisher, the optional trigger.
+ *
+ * Producer modes: "plain" (a bare INSERT, no notification: the baseline), "default" (`publish` with its
+ * throttled wake-ups, the default), "silent" (`publish`, wake-ups off), "cooldownN" (throttle window N ms),
+ * "every" (`publish` notifying in every transaction), "trigger" (a bare INSERT with the optional notify
+ * trigger attached): each single-message publish is `BEGIN; …; COMMIT`, as in a producer's own
+ * transaction. "autocommit": `publish(pool, …)`, one autocommit statement, the shape of the peers' enqueue.
+ */
+import pg from "pg";
+import { migrate } from "../../src/migrate/migrator.js";
+import { enableNotifyTrigger } from "../../src/migrate/notify-trigger.js";
+import { createPublisher } from "../../src/produce/publisher.js";
+import { outboxNames } from "../../src/sql/names.js";
+import { createWorker, type Worker } from "../../src/worker/worker.js";
+import { DATABASE_URL, PAYLOAD_SQL, payload } from "../lib.js";
+import { adminPool, dropSchema, type Peer, type Producer, QUEUE, vacuumSchema } from "./peer.js";
+
+export interface OutboxTuning {
+  batchSize?: number;
+}
+
+export function outboxPeer(schema: string): Peer {
+  const names = outboxNames(schema);
+  const admin = adminPool();
+  let worker: Worker | undefined;
+
+  return {
+    name: "pg-outbox-worker",
+    async setup() {
+      await dropSchema(admin, schema);
+      await migrate({ connection: DATABASE_URL, schema });
+    },
+    async fill(rows) {
+      await admin.query(
+        `INSERT INTO ${names.messages} (queue, payload)
+         SELECT '${QUEUE}', ${PAYLOAD_SQL} FROM generate_series(1, $1) AS g`,
+        [rows],
+      );
+      await vacuumSchema(admin, schema);
+    },
+    async startWorker({ concurrency, listen, onJob, tuning }) {
+      worker = createWorker({
+        connection: DATABASE_URL,
+        schema,
+        concurrency,
+        listen,
+        logger: false,
+        ...(tuning?.batchSize ? { batchSize: tuning.batchSize } : {}),
+        queues: { [QUEUE]: (p) => onJob(p as { orderId: number }) },
+      });
+      await worker.start();
+    },
+    async stopWorker() {
+      await worker?.stop({ timeoutMs: 10_000 });
+    },
+    async remaining() {
+      return (await admin.query(`SELECT count(*)::int AS n FROM ${names.messages}`)).rows[0].n;
+    },
+    async channel() {
+      return names.channel;
+    },
+    async producer(clients, mode) {
+      const pool = new pg.Pool({ connectionString: DATABASE_URL, max: clients + 1 });
+      if (mode === "trigger") await enableNotifyTrigger(pool, schema);
+      const cooldown = /^cooldown(\d+)$/.exec(mode)?.[1];
+      const publisher =
+        mode === "every"
+          ? createPublisher({ schema, notify: { cooldownMs: 0 } })
+          : mode === "silent"
+            ? createPublisher({ schema, notify: false })
+            : createPublisher({
+                schema,
+                notify: { connection: pool, ...(cooldown ? { cooldownMs: Number(cooldown) } : {}) },
+              });
+      const insert = {
+        name: "bench_plain_insert",
+        text: `INSERT INTO ${names.messages} (queue, payload) VALUES ($1, $2::jsonb) RETURNING id`,
+      };
+      const inTransaction = async (fn: (client: pg.PoolClient) => Promise<unknown>) => {
+        const client = await pool.connect();
+        try {
+          await client.query("BEGIN");
+          await fn(client);
+          await client.query("COMMIT");
+        } catch (error) {
+          await client.query("ROLLBACK").catch(() => {});
+          throw error;
+        } finally {
+          client.release();
+        }
+      };
+      const bare = mode === "plain" || mode === "trigger";
+      const producer: Producer = {
+        publish: (n) =>
+          mode === "autocommit"
+            ? publisher.publish(pool, QUEUE, payload(n)).then(() => {})
+            : inTransaction((client) =>
+                bare
+                  ? client.query({ ...insert, values: [QUEUE, JSON.stringify(payload(n))] })
+                  : publisher.publish(client, QUEUE, payload(n)),
+              ),
+        publishBatch: (from, count) =>
+          inTransaction((client) =>
+            publisher.publishMany(
+              client,
+              QUEUE,
+              Array.from({ length: count }, (_, i) => ({ payload: payload(from + i) })),
+            ),
+          ),
+        close: () => pool.end(),
+      };
+      return producer;
+    },
+    async teardown() {
+      await dropSchema(admin, schema);
+      await admin.end();
+    },
+  };
+}

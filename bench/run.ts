@@ -1,0 +1,707 @@
+/**
+ * Side-by-side benchmarks: this project, graphile-worker and pg-boss, plus pure-SQL ceilings. Runs the
+ * sections in sequence (never two measurements at once), each measurement in a fresh process and a fresh
+ * schema, and writes the tables with medians, ranges and ratios.
+ *
+ *   npm run bench                      # full: writes bench/RESULTS.md
+ *   npm run bench:quick                # under 3 minutes, 1 run each: writes bench/RESULTS.quick.md
+ *   npm run bench -- --only drain,scale --out /tmp/r.md
+ *
+ * Peers come from bench/package.json (installed into bench/node_modules by the npm scripts).
+ */
+import { execFileSync } from "node:child_process";
+import { readFileSync, writeFileSync } from "node:fs";
+import os from "node:os";
+import pg from "pg";
+import type {
+  DrainResult,
+  JobSpec,
+  LatencyResult,
+  PeerName,
+  PlanCheck,
+  ProducerResult,
+  ScaleResult,
+} from "./job.js";
+import { arg, DATABASE_URL, fmt, median, ROOT, range, runJob } from "./lib.js";
+import { GRAPHILE_LOCAL_QUEUE, GRAPHILE_POLL_ONLY_INTERVAL_MS } from "./peers/graphile.js";
+import { PGBOSS_POLL_SECONDS, pgbossTuning } from "./peers/pgboss.js";
+import { SQL_BATCH } from "./peers/sql.js";
+
+const quick = process.argv.includes("--quick");
+const P = quick
+  ? {
+      runs: 1,
+      drainRows: 10_000,
+      latencySeconds: 3,
+      producerSeconds: 2,
+      scaleSizes: [10_000, 100_000],
+      timed: 50,
+    }
+  : {
+      runs: 3,
+      drainRows: 50_000,
+      latencySeconds: 10,
+      producerSeconds: 10,
+      scaleSizes: [10_000, 100_000, 1_000_000],
+      timed: 200,
+    };
+const runs = Number(arg("runs", String(P.runs)));
+const only = arg("only", "drain,latency,producer,scale").split(",");
+const out = arg("out", `${ROOT}bench/${quick ? "RESULTS.quick.md" : "RESULTS.md"}`);
+const CONCURRENCIES = [10, 32];
+const SQL_CONNECTIONS = [2, 4];
+const OUR_BATCH = 500;
+const RATE = 200;
+const CLIENTS = 8;
+const PUBLISH_MANY = 1000;
+const SCALE_CONCURRENCY = 10;
+
+const LABEL: Record<PeerName, string> = {
+  outbox: "pg-outbox-worker",
+  graphile: "graphile-worker (batched)",
+  pgboss: "pg-boss (batch fetch)",
+};
+
+const md: string[] = [];
+const say = (line = "") => {
+  md.push(line);
+  console.log(line);
+};
+/** A markdown table; columns whose cells all start like a number are right-aligned. */
+const table = (head: string[], rows: string[][]) => {
+  const numeric = head.map((_, i) => i > 0 && rows.every((r) => /^(\*\*)?[\d–-]/.test(r[i] ?? "")));
+  say(`| ${head.join(" | ")} |`);
+  say(`|${numeric.map((n) => (n ? "---:" : "---")).join("|")}|`);
+  for (const r of rows) say(`| ${r.join(" | ")} |`);
+  say();
+};
+const started = Date.now();
+const elapsed = () => `${((Date.now() - started) / 1000).toFixed(0)} s`;
+const progress = (what: string) => process.stderr.write(`[${elapsed()}] ${what}\n`);
+
+async function job<T>(spec: JobSpec): Promise<T> {
+  progress(JSON.stringify(spec));
+  return runJob<T>(spec);
+}
+
+/** Median and range, e.g. "45,123 (43,000–47,002)". */
+const mr = (xs: number[], digits = 0) => `${fmt(median(xs), digits)} (${range(xs, digits)})`;
+/** Ratio of medians, and the range of the run-by-run ratios. */
+function ratio(ours: number[], theirs: number[]): { value: number; text: string } {
+  const value = median(ours) / median(theirs);
+  const per = ours.map((x, i) => x / (theirs[i] ?? Number.NaN)).filter(Number.isFinite);
+  return { value, text: `${value.toFixed(2)}× (${range(per, 2)})` };
+}
+
+interface Target {
+  what: string;
+  measured: string;
+  holds: boolean;
+}
+const targets: Target[] = [];
+
+// ---------------------------------------------------------------------------------------------- setup
+
+const pool = new pg.Pool({ connectionString: DATABASE_URL, max: 1 });
+const pgVersion = (await pool.query("SHOW server_version")).rows[0].server_version as string;
+const settings = (
+  await pool.query<{ name: string; setting: string; unit: string | null }>(
+    `SELECT name, setting, unit FROM pg_settings WHERE name IN
+     ('shared_buffers', 'synchronous_commit', 'autovacuum', 'jit', 'max_connections', 'plan_cache_mode')
+     ORDER BY name`,
+  )
+).rows
+  .map((r) => `${r.name} ${r.unit === "8kB" ? `${(Number(r.setting) * 8) / 1024}MB` : r.setting}`)
+  .join(", ");
+await pool.end();
+const version = (pkg: string) =>
+  (JSON.parse(readFileSync(`${ROOT}bench/node_modules/${pkg}/package.json`, "utf8")) as { version: string })
+    .version;
+const versions = { graphile: version("graphile-worker"), pgboss: version("pg-boss") };
+
+say("# Benchmark results");
+say();
+say(
+  `Command: \`npm run ${quick ? "bench:quick" : "bench"}\` (\`tsx bench/run.ts${quick ? " --quick" : ""}\`, from the repository root; ` +
+    `DATABASE_URL=${DATABASE_URL.replace(/\/\/([^:@/]+):[^@]*@/, "//$1:***@")}), ${new Date().toISOString().slice(0, 10)}.`,
+);
+say();
+say(
+  `Machine: ${os.cpus().length} cores (${os.cpus()[0]?.model.trim()}), ${Math.round(os.totalmem() / 2 ** 30)} GiB, ` +
+    `PostgreSQL ${pgVersion} (Debian package, as configured here: ${settings}), Node ${process.version}, ` +
+    `one machine for Postgres and the benchmark. graphile-worker ${versions.graphile}, pg-boss ${versions.pgboss} ` +
+    `(both declare \`engines.node >= 22\`; they run unmodified on this Node 20, see "Versions").`,
+);
+say();
+say(
+  `Every figure is the median (range min–max) of ${runs} run${runs > 1 ? "s" : ""}. Each run is a fresh process ` +
+    "(`tsx bench/job.ts`) in a fresh schema, filled, then `VACUUM ANALYZE` and `CHECKPOINT` before the clock " +
+    "starts; the schema is dropped after. Runs of different systems are interleaved, so drift hits all alike. " +
+    "Ratios are ratios of medians, with the range of the run-by-run ratios.",
+);
+say();
+
+// ---------------------------------------------------------------------------------------------- drain
+
+async function drainSection() {
+  const rows = P.drainRows;
+  const results = new Map<string, DrainResult[]>();
+  const add = (key: string, r: DrainResult) => results.set(key, [...(results.get(key) ?? []), r]);
+  for (let r = 0; r < runs; r++) {
+    for (const c of CONCURRENCIES) {
+      for (const peer of ["outbox", "graphile", "pgboss"] as const) {
+        const tuning = peer === "outbox" ? { batchSize: OUR_BATCH } : undefined;
+        add(
+          `${peer}:${c}`,
+          await job<DrainResult>({
+            kind: "drain",
+            peer,
+            concurrency: c,
+            rows,
+            ...(tuning ? { tuning } : {}),
+          }),
+        );
+      }
+    }
+    for (const variant of ["lease-delete", "lease-ack"] as const) {
+      for (const n of SQL_CONNECTIONS) {
+        add(`${variant}:${n}`, await job<DrainResult>({ kind: "sql", variant, connections: n, rows }));
+      }
+    }
+  }
+  const rate = (key: string) => (results.get(key) ?? []).map((x) => x.rate);
+  // The stricter ceiling: whichever connection count drained faster.
+  const ceilingKey =
+    SQL_CONNECTIONS.map((n) => `lease-ack:${n}`).sort((a, b) => median(rate(b)) - median(rate(a)))[0] ?? "";
+
+  say("## 1. Drain");
+  say();
+  say(
+    `${fmt(rows)} rows (~100-byte JSON payloads) inserted up front; one worker process with a no-op handler; ` +
+      "rows/s from the first handler start until a poll of the table (every 2 ms, once every handler has run) " +
+      "finds no unfinished row. CPU columns: CPU time per message of the worker process, and of the rest of " +
+      "the machine (Postgres) during the drain, from /proc; statements per message at steady state " +
+      "(between 10 % and 90 % of the backlog; see section 5).",
+  );
+  say();
+  const rowsOut: string[][] = [];
+  for (const c of CONCURRENCIES) {
+    for (const peer of ["outbox", "graphile", "pgboss"] as const) {
+      const xs = results.get(`${peer}:${c}`) ?? [];
+      rowsOut.push([
+        `${LABEL[peer]}, concurrency ${c}`,
+        mr(xs.map((x) => x.rate)),
+        fmt(median(xs.map((x) => x.cpuNode)), 1),
+        fmt(median(xs.map((x) => x.cpuRest)), 1),
+        fmt(median(xs.map((x) => x.roundTrips)), 4),
+      ]);
+    }
+  }
+  for (const variant of ["lease-delete", "lease-ack"] as const) {
+    for (const n of SQL_CONNECTIONS) {
+      const xs = results.get(`${variant}:${n}`) ?? [];
+      const name =
+        variant === "lease-delete"
+          ? `SQL ceiling: lease+delete ${SQL_BATCH} in one statement, ${n} connections`
+          : `SQL ceiling: lease ${SQL_BATCH} (our fetch) then fenced delete (our ack), ${n} connections`;
+      rowsOut.push([
+        name,
+        mr(xs.map((x) => x.rate)),
+        fmt(median(xs.map((x) => x.cpuNode)), 1),
+        fmt(median(xs.map((x) => x.cpuRest)), 1),
+        fmt(median(xs.map((x) => x.roundTrips)), 4),
+      ]);
+    }
+  }
+  table(["system", "rows/s", "CPU µs/msg, worker", "CPU µs/msg, rest (Postgres)", "statements/msg"], rowsOut);
+
+  const ratioRows: string[][] = [];
+  for (const c of CONCURRENCIES) {
+    const ours = rate(`outbox:${c}`);
+    const g = ratio(ours, rate(`graphile:${c}`));
+    const b = ratio(ours, rate(`pgboss:${c}`));
+    const s = ratio(ours, rate(ceilingKey));
+    const d = ratio(ours, rate(`lease-delete:${Math.max(...SQL_CONNECTIONS)}`));
+    ratioRows.push([`concurrency ${c}`, g.text, b.text, s.text, d.text]);
+    targets.push(
+      {
+        what: `drain ≥ 1.5× graphile-worker batched (concurrency ${c})`,
+        measured: g.text,
+        holds: g.value >= 1.5,
+      },
+      { what: `drain ≥ 3× pg-boss (concurrency ${c})`, measured: b.text, holds: b.value >= 3 },
+      {
+        what: `drain ≥ 0.7× the lease-then-fenced-delete SQL ceiling (concurrency ${c})`,
+        measured: s.text,
+        holds: s.value >= 0.7,
+      },
+    );
+  }
+  say("Ratios, this project ÷ each:");
+  say();
+  table(
+    [
+      "",
+      "÷ graphile-worker",
+      "÷ pg-boss",
+      `÷ lease-then-fenced-delete ceiling (${ceilingKey.split(":")[1]} conn.)`,
+      `÷ one-statement lease+delete ceiling (${Math.max(...SQL_CONNECTIONS)} conn.)`,
+    ],
+    ratioRows,
+  );
+  const ours = results.get(`outbox:${CONCURRENCIES[0]}`) ?? [];
+  if (ours[0]?.leaseMs !== undefined) {
+    say(
+      `This project at concurrency ${CONCURRENCIES[0]}: a lease statement takes ${fmt(median(ours.map((x) => x.leaseMs ?? 0)), 1)} ms ` +
+        `and an ack ${fmt(median(ours.map((x) => x.ackMs ?? 0)), 1)} ms (medians, client side), ` +
+        `${fmt(median(ours.map((x) => rows / (x.leases ?? 1))))} rows per lease.`,
+    );
+    say();
+  }
+  return results;
+}
+
+// -------------------------------------------------------------------------------------------- latency
+
+async function latencySection() {
+  const modes = [
+    ["outbox", true],
+    ["outbox", false],
+    ["graphile", true],
+    ["graphile", false],
+    ["pgboss", true],
+    ["pgboss", false],
+  ] as const;
+  const results = new Map<string, LatencyResult[]>();
+  for (let r = 0; r < runs; r++) {
+    for (const [peer, listen] of modes) {
+      const res = await job<LatencyResult>({
+        kind: "latency",
+        peer,
+        listen,
+        rate: RATE,
+        seconds: P.latencySeconds,
+      });
+      results.set(`${peer}:${listen}`, [...(results.get(`${peer}:${listen}`) ?? []), res]);
+    }
+  }
+  say("## 2. Pickup latency");
+  say();
+  say(
+    `An idle worker (concurrency 10, started 1 s before); ${RATE} single-message producer transactions a second for ` +
+      `${P.latencySeconds} s from a pool of 4; time from the producer's commit returning to the handler starting, in one ` +
+      "process (one clock; a handler that starts before its producer saw COMMIT return counts as 0). Producers: " +
+      "this project `BEGIN; publish(); COMMIT` (default throttled wake-ups), graphile-worker `addJob`, pg-boss `send`. " +
+      `Poll-only intervals: this project's default adaptive 100–2000 ms, graphile-worker ${GRAPHILE_POLL_ONLY_INTERVAL_MS} ms, ` +
+      `pg-boss ${PGBOSS_POLL_SECONDS} s (its minimum).`,
+  );
+  say();
+  const rowsOut = modes.map(([peer, listen]) => {
+    const xs = results.get(`${peer}:${listen}`) ?? [];
+    const m = (k: keyof LatencyResult) =>
+      mr(
+        xs.map((x) => x[k]),
+        1,
+      );
+    return [
+      `${LABEL[peer].replace(/ \(.*\)/, "")}, ${listen ? "LISTEN/NOTIFY" : "poll only"}`,
+      m("p50"),
+      m("p95"),
+      m("p99"),
+      m("max"),
+    ];
+  });
+  table(["system, wake-ups", "p50 ms", "p95 ms", "p99 ms", "max ms"], rowsOut);
+  const ours = results.get("outbox:true") ?? [];
+  const p50 = median(ours.map((x) => x.p50));
+  const p99 = median(ours.map((x) => x.p99));
+  targets.push(
+    {
+      what: "pickup with wake-ups p50 ≤ 2 ms",
+      measured: `${fmt(p50, 1)} ms (${range(
+        ours.map((x) => x.p50),
+        1,
+      )})`,
+      holds: p50 <= 2,
+    },
+    {
+      what: "pickup with wake-ups p99 ≤ 10 ms",
+      measured: `${fmt(p99, 1)} ms (${range(
+        ours.map((x) => x.p99),
+        1,
+      )})`,
+      holds: p99 <= 10,
+    },
+  );
+}
+
+// ------------------------------------------------------------------------------------------- producer
+
+async function producerSection() {
+  const modes: {
+    key: string;
+    label: string;
+    spec: Omit<Extract<JobSpec, { kind: "producer" }>, "kind" | "clients" | "seconds">;
+  }[] = [
+    {
+      key: "plain",
+      label: "this project: plain INSERT, no notification (baseline)",
+      spec: { peer: "outbox", mode: "plain" },
+    },
+    {
+      key: "publish",
+      label: "this project: `publish`, throttled wake-ups (default)",
+      spec: { peer: "outbox", mode: "default" },
+    },
+    {
+      key: "silent",
+      label: "this project: `publish`, wake-ups off (`notify: false`)",
+      spec: { peer: "outbox", mode: "silent" },
+    },
+    {
+      key: "autocommit",
+      label:
+        "this project: `publish(pool, …)` autocommit, throttled wake-ups (one statement, like the peers)",
+      spec: { peer: "outbox", mode: "autocommit" },
+    },
+    {
+      key: "every",
+      label: "this project: `publish`, NOTIFY in every transaction",
+      spec: { peer: "outbox", mode: "every" },
+    },
+    {
+      key: "trigger",
+      label: "this project: plain INSERT + optional NOTIFY trigger",
+      spec: { peer: "outbox", mode: "trigger" },
+    },
+    {
+      key: "boss",
+      label: "pg-boss `send`, queue with `notify: true`",
+      spec: { peer: "pgboss", mode: "default" },
+    },
+    {
+      key: "bossQuiet",
+      label: "pg-boss `send`, queue without notify",
+      spec: { peer: "pgboss", mode: "quiet" },
+    },
+    {
+      key: "graphile",
+      label: "graphile-worker `addJob` (always notifies)",
+      spec: { peer: "graphile", mode: "default" },
+    },
+    {
+      key: "many",
+      label: `this project: \`publishMany\`, ${PUBLISH_MANY} rows per statement`,
+      spec: { peer: "outbox", mode: "default", batch: PUBLISH_MANY },
+    },
+    {
+      key: "bossMany",
+      label: `pg-boss \`insert\`, ${PUBLISH_MANY} jobs per call`,
+      spec: { peer: "pgboss", mode: "default", batch: PUBLISH_MANY },
+    },
+    {
+      key: "graphileMany",
+      label: `graphile-worker \`addJobs\`, ${PUBLISH_MANY} jobs per call`,
+      spec: { peer: "graphile", mode: "default", batch: PUBLISH_MANY },
+    },
+  ];
+  const results = new Map<string, ProducerResult[]>();
+  for (let r = 0; r < runs; r++) {
+    for (const m of modes) {
+      const res = await job<ProducerResult>({
+        kind: "producer",
+        clients: CLIENTS,
+        seconds: P.producerSeconds,
+        ...m.spec,
+      });
+      results.set(m.key, [...(results.get(m.key) ?? []), res]);
+    }
+  }
+  const tx = (key: string) => (results.get(key) ?? []).map((x) => x.txPerSec);
+  const rowsPs = (key: string) => (results.get(key) ?? []).map((x) => x.rowsPerSec);
+  say("## 3. Producer cost");
+  say();
+  say(
+    `${CLIENTS} clients publishing for ${P.producerSeconds} s, a worker-like LISTEN connection attached on the system's ` +
+      "channel. This project's single-message rows are `BEGIN; INSERT/publish; COMMIT` (three round trips, as in a " +
+      "producer's own transaction); graphile-worker's `addJob` and pg-boss's `send` are one autocommit statement each.",
+  );
+  say();
+  const base = tx("plain");
+  table(
+    ["producer", "tx/s", "rows/s", "vs plain INSERT", "notifications/s"],
+    modes.map((m) => [
+      m.label,
+      mr(tx(m.key)),
+      fmt(median(rowsPs(m.key))),
+      `${((median(tx(m.key)) / median(base)) * 100).toFixed(0)} %`,
+      fmt(median((results.get(m.key) ?? []).map((x) => x.notificationsPerSec))),
+    ]),
+  );
+  const keep = ratio(tx("publish"), base);
+  const vsBoss = ratio(tx("publish"), tx("boss"));
+  const vsGraphile = ratio(tx("publish"), tx("graphile"));
+  const autoBoss = ratio(tx("autocommit"), tx("boss"));
+  const autoGraphile = ratio(tx("autocommit"), tx("graphile"));
+  say(
+    `\`publish\` with wake-ups in a transaction (3 round trips) ÷ plain INSERT: ${keep.text}; ÷ pg-boss \`send\` ` +
+      `(notify): ${vsBoss.text}; ÷ pg-boss \`send\` (no notify): ${ratio(tx("publish"), tx("bossQuiet")).text}; ` +
+      `÷ graphile-worker \`addJob\`: ${vsGraphile.text}. Like for like (one autocommit statement each), ` +
+      `\`publish(pool, …)\` ÷ pg-boss \`send\` (notify): ${autoBoss.text}; ÷ graphile-worker \`addJob\`: ${autoGraphile.text}.`,
+  );
+  say();
+  targets.push(
+    {
+      what: "producers keep ≥ 90 % of plain-INSERT throughput with wake-ups on",
+      measured: keep.text,
+      holds: keep.value >= 0.9,
+    },
+    {
+      what: "producer ≥ 3× pg-boss single-job `send` (ours in a BEGIN/COMMIT transaction)",
+      measured: vsBoss.text,
+      holds: vsBoss.value >= 3,
+    },
+    {
+      what: "producer ≥ 5× graphile-worker single-job `addJob` (ours in a BEGIN/COMMIT transaction)",
+      measured: vsGraphile.text,
+      holds: vsGraphile.value >= 5,
+    },
+    {
+      what: "producer ≥ 3× pg-boss `send`, like for like (ours `publish(pool, …)`, one autocommit statement)",
+      measured: autoBoss.text,
+      holds: autoBoss.value >= 3,
+    },
+    {
+      what: "producer ≥ 5× graphile-worker `addJob`, like for like (ours `publish(pool, …)`)",
+      measured: autoGraphile.text,
+      holds: autoGraphile.value >= 5,
+    },
+  );
+}
+
+// ---------------------------------------------------------------------------------------------- scale
+
+async function scaleSection(drain: Map<string, DrainResult[]> | undefined) {
+  // The drain of this section runs the compiled package under plain node: build it first.
+  progress("npm run build (dist/, for bench/drain-compiled.mjs)");
+  execFileSync("npm", ["run", "-s", "build"], { cwd: ROOT, stdio: "inherit" });
+  const results: ScaleResult[] = [];
+  for (let r = 0; r < runs; r++) {
+    results.push(
+      await job<ScaleResult>({
+        kind: "scale",
+        sizes: P.scaleSizes,
+        concurrency: SCALE_CONCURRENCY,
+        timed: P.timed,
+      }),
+    );
+  }
+  const top = P.scaleSizes[P.scaleSizes.length - 1] ?? 0;
+  const pick = (f: (s: ScaleResult) => number, digits = 1) => mr(results.map(f), digits);
+  say("## 4. Scale");
+  say();
+  say(
+    `A backlog of ${fmt(top)} rows. Statement times are client-side wall times on an otherwise idle connection: ` +
+      `${P.timed} rounds of "lease N with the fetch statement, then delete them with the ack statement" per size N, on the ` +
+      `full backlog (the rows they take are topped up again before the drain). Then one worker (concurrency ${SCALE_CONCURRENCY}, ` +
+      `batchSize ${OUR_BATCH}) drains the whole backlog: the compiled package (\`npm run build\`) under plain node, ` +
+      "no tsx loader, as in production (bench/drain-compiled.mjs): RSS sampled every 100 ms, rows/s over the first " +
+      "and the last 10 % of the backlog, and the same statements as the worker saw them (client side, so " +
+      "including event-loop waits). Note autovacuum is off on this server: dead rows stay until the next VACUUM.",
+  );
+  say();
+  const sizes = [...new Set(results[0]?.timedFetch.map((t) => t.limit) ?? [])];
+  const rowsOut: string[][] = [];
+  for (const limit of sizes) {
+    rowsOut.push([
+      `fetch statement, lease ${limit} (isolated)`,
+      pick((s) => s.timedFetch.find((t) => t.limit === limit)?.p50 ?? Number.NaN),
+      pick((s) => s.timedFetch.find((t) => t.limit === limit)?.p99 ?? Number.NaN),
+    ]);
+    rowsOut.push([
+      `ack statement, delete ${limit} fenced (isolated)`,
+      pick((s) => s.timedAck.find((t) => t.limit === limit)?.p50 ?? Number.NaN),
+      pick((s) => s.timedAck.find((t) => t.limit === limit)?.p99 ?? Number.NaN),
+    ]);
+  }
+  rowsOut.push([
+    "fetch statement inside the draining worker",
+    pick((s) => s.workerFetch.p50),
+    pick((s) => s.workerFetch.p99),
+  ]);
+  rowsOut.push([
+    "ack statement inside the draining worker",
+    pick((s) => s.workerAck.p50),
+    pick((s) => s.workerAck.p99),
+  ]);
+  table([`at ${fmt(top)} rows`, "p50 ms", "p99 ms"], rowsOut);
+  table(
+    ["draining the backlog", "value"],
+    [
+      ["RSS peak, MB", pick((s) => s.rssMaxMb, 0)],
+      ["RSS median, MB", pick((s) => s.rssMedianMb, 0)],
+      ["RSS before the worker started (same process, modules loaded), MB", pick((s) => s.rssIdleMb, 0)],
+      ["rows/s, first 10 % of the backlog", pick((s) => s.startRate, 0)],
+      ["rows/s, last 10 %", pick((s) => s.endRate, 0)],
+      ["rows/s, whole drain", pick((s) => s.rate, 0)],
+      ["statements per message (steady state)", pick((s) => s.roundTrips, 4)],
+    ],
+  );
+  say(
+    "Plans, `EXPLAIN (ANALYZE)` of the prepared statements with default planner settings, as a custom plan " +
+      "(`plan_cache_mode = force_custom_plan`, what the first five executions get) and as the generic plan pg " +
+      "switches a prepared statement to later (`force_generic_plan`); fetch leases 500, ack deletes 500 leased rows " +
+      "by (id, token); rolled back. Scans listed top-down; a plan passes when no scan of `messages` is a sequential " +
+      "or bitmap scan. From the first run:",
+  );
+  say();
+  const plans: PlanCheck[] = results[0]?.plans ?? [];
+  table(
+    ["rows", "statement", "plan", "scans (node types, indexes)", "execution ms", "index plan"],
+    plans.map((p) => [fmt(p.rows), p.statement, p.mode, p.scans, fmt(p.ms, 2), p.ok ? "yes" : "**no**"]),
+  );
+  const jitted = plans.filter((p) => p.scans.includes("JIT"));
+  if (jitted.length) {
+    say(
+      `JIT: ${jitted.map((p) => `the ${p.mode} ${p.statement} plan at ${fmt(p.rows)} rows`).join(", ")} ` +
+        "was JIT-compiled: with the LIMIT a parameter, the generic plan's cost estimate crosses `jit_above_cost` " +
+        "(100000), and the compilation, not the scans, is what its execution time measures. With " +
+        "`plan_cache_mode = auto` pg keeps choosing the far cheaper custom plan, so the worker does not run it.",
+    );
+    say();
+  }
+  const allPlans = results.flatMap((s) => s.plans);
+  const fetch500 = results.map((s) => s.timedFetch.find((t) => t.limit === OUR_BATCH)?.p99 ?? Number.NaN);
+  const fetch100 = results.map((s) => s.timedFetch.find((t) => t.limit === 100)?.p99 ?? Number.NaN);
+  const rss = results.map((s) => s.rssMaxMb);
+  targets.push(
+    {
+      what: `RSS < 200 MB draining ${fmt(top)} rows`,
+      measured: `${mr(rss, 0)} MB peak`,
+      holds: median(rss) < 200,
+    },
+    {
+      what: `fetch p99 < 5 ms at ${fmt(top)} rows (lease 100, the default batchSize)`,
+      measured: `${mr(fetch100, 1)} ms`,
+      holds: median(fetch100) < 5,
+    },
+    {
+      what: `fetch p99 < 5 ms at ${fmt(top)} rows (lease ${OUR_BATCH}, the drain's batchSize)`,
+      measured: `${mr(fetch500, 1)} ms`,
+      holds: median(fetch500) < 5,
+    },
+    {
+      what: "fetch and ack get index plans at every size (custom and generic plans, every run)",
+      measured: `${allPlans.filter((p) => p.ok).length} of ${allPlans.length} plans`,
+      holds: allPlans.every((p) => p.ok),
+    },
+  );
+  return { results, drain };
+}
+
+// ---------------------------------------------------------------------------------------- round trips
+
+function roundTripSection(drain: Map<string, DrainResult[]> | undefined, scale: ScaleResult[] | undefined) {
+  say("## 5. Round trips per message");
+  say();
+  say(
+    "pg_stat_statements is not loaded on this server (it needs `shared_preload_libraries`), and `xact_commit` " +
+      "deltas would count other sessions: every statement the worker process sends is counted instead, by " +
+      "wrapping `Client.prototype.query` of both copies of pg in that process (pools, LISTEN connection, peers' own " +
+      "clients). Statements sent between the 10 % and the 90 % mark of the backlog, ÷ messages in that window.",
+  );
+  say();
+  const rowsOut: string[][] = [];
+  for (const c of CONCURRENCIES) {
+    for (const peer of ["outbox", "graphile", "pgboss"] as const) {
+      const xs = drain?.get(`${peer}:${c}`);
+      if (xs)
+        rowsOut.push([
+          `${LABEL[peer]}, ${fmt(P.drainRows)}-row drain, concurrency ${c}`,
+          mr(
+            xs.map((x) => x.roundTrips),
+            4,
+          ),
+        ]);
+    }
+  }
+  if (scale?.length) {
+    const top = P.scaleSizes[P.scaleSizes.length - 1] ?? 0;
+    rowsOut.push([
+      `pg-outbox-worker, ${fmt(top)}-row drain, concurrency ${SCALE_CONCURRENCY}`,
+      mr(
+        scale.map((s) => s.roundTrips),
+        4,
+      ),
+    ]);
+  }
+  table(["worker", "statements per message"], rowsOut);
+  const ours = [
+    ...CONCURRENCIES.flatMap((c) => (drain?.get(`outbox:${c}`) ?? []).map((x) => x.roundTrips)),
+    ...(scale ?? []).map((s) => s.roundTrips),
+  ];
+  if (ours.length) {
+    targets.push({
+      what: "≤ 0.05 round trips per message at steady state",
+      measured: `${fmt(Math.max(...ours), 4)} (worst run)`,
+      holds: Math.max(...ours) <= 0.05,
+    });
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ run
+
+const drain = only.includes("drain") ? await drainSection() : undefined;
+if (only.includes("latency")) await latencySection();
+if (only.includes("producer")) await producerSection();
+const scale = only.includes("scale") ? (await scaleSection(drain)).results : undefined;
+roundTripSection(drain, scale);
+
+say("## Settings per system");
+say();
+const boss10 = pgbossTuning(10);
+const boss32 = pgbossTuning(32);
+table(
+  ["system", "settings"],
+  [
+    [
+      "pg-outbox-worker",
+      `\`createWorker({ concurrency, batchSize: ${OUR_BATCH} })\` for the drains (local queue of max(batchSize, concurrency)); defaults otherwise (latency: batchSize 100). Own pool of 6 plus the LISTEN connection.`,
+    ],
+    [
+      `graphile-worker ${versions.graphile}`,
+      `\`run({ preset: { worker: { concurrentJobs, maxPoolSize: max(10, concurrency + 2), localQueue: { size: ${GRAPHILE_LOCAL_QUEUE} }, completeJobBatchDelay: 0, failJobBatchDelay: 0 } } })\`: the configuration of its performance page (https://worker.graphile.org/docs/performance). Fill with \`addJobs\`.`,
+    ],
+    [
+      `pg-boss ${versions.pgboss}`,
+      `\`work(queue, { batchSize: ${boss10.batchSize}, localConcurrency: min(concurrency, 4), burstWhenBatchFull: true })\` (concurrency 10 → ${boss10.localConcurrency}, 32 → ${boss32.localConcurrency}; the best of batchSize 100–1000 × localConcurrency 1–10 tried on this machine), pool max(10, localConcurrency + 2); \`useListenNotify\` + queue \`notify: true\` for wake-ups. Fill with \`insert\`.`,
+    ],
+    [
+      "SQL ceilings",
+      `N plain pg connections looping until the queue is empty, ${SQL_BATCH} rows per round trip, on this project's table and indexes: see bench/peers/sql.ts.`,
+    ],
+  ],
+);
+
+say("## Targets");
+say();
+table(
+  ["target", "measured", "holds"],
+  targets.map((t) => [t.what, t.measured, t.holds ? "yes" : "**no**"]),
+);
+
+say("## Versions");
+say();
+say(
+  `graphile-worker ${versions.graphile} and pg-boss ${versions.pgboss} declare \`engines.node\` ">=22.18.0" and ">=22.12.0". ` +
+    "They are installed in bench/ anyway (npm only warns, EBADENGINE) and run unmodified on Node " +
+    `${process.version}: every bench above exercises their worker, enqueue and batch paths, and neither uses an API ` +
+    "Node 20 lacks (checked: no `Promise.withResolvers`, `Array.fromAsync`, Set methods, `process.getBuiltinModule`; " +
+    "`Symbol.asyncDispose` and `AbortSignal.any` exist in Node 20). So all three systems ran on the same Node, and the " +
+    "npm `node@22` fallback was not needed.",
+);
+say();
+say(`Total time: ${elapsed()}.`);
+
+writeFileSync(out, `${md.join("\n")}\n`);
+progress(`wrote ${out}`);
