@@ -6,8 +6,8 @@ import type { OutboxNames } from "./names.js";
  * only while it still carries that token: a worker whose lease was taken over writes 0 rows, so the newer
  * owner always wins. Rows missing from RETURNING are the caller's `lease_lost`.
  *
- * The pairs are joined through unnest; with its small row estimate the planner looks each id up in the
- * primary key (checked by EXPLAIN in the tests).
+ * The pairs are joined through unnest. The planner may look each id up by primary key or hash-join over
+ * the leased rows (messages_leased_idx); both stay small because only held rows are leased.
  */
 export interface CompleteStatements {
   /** $1 ids, $2 tokens → deleted ids. */
