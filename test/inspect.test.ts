@@ -3,6 +3,7 @@ import path from "node:path";
 import { promisify } from "node:util";
 import pg from "pg";
 import { beforeAll, describe, expect, it } from "vitest";
+import { parseDuration } from "../src/cli/dead-letters-command.js";
 import { peekMessages } from "../src/inspect/peek.js";
 import { migrate } from "../src/migrate/migrator.js";
 import { outboxNames } from "../src/sql/names.js";
@@ -628,19 +629,23 @@ describe("outbox-worker dead-letters purge", () => {
   });
 
   it("rejects malformed, zero, negative and unit-less durations with exit 2, naming --older-than", async () => {
+    const bad = ["7 days", "7days", "-1d", "0d", "7", "1.5h", "7D", "d", "7dd", "", "1w", "07d"];
+    const reason = (v: string) =>
+      `--older-than must be a positive whole number followed by s, m, h or d (e.g. 30m, 12h, 7d), got ${JSON.stringify(v)}`;
+    // The parser itself for every value; two of them through the CLI (a process each costs seconds on 2 cores).
+    for (const v of bad) expect(() => parseDuration(v), v).toThrow(reason(v));
+    expect(parseDuration("90s")).toBe(90_000);
+    expect(parseDuration("7d")).toBe(7 * 86_400_000);
     const s = await seeded("pgbad");
     const before = await snapshot(s.schema);
-    const bad = ["7 days", "7days", "-1d", "0d", "7", "1.5h", "7D", "d", "7dd", "", "1w", "07d"];
     const results = await Promise.all(
-      bad.map((v) => cli(["dead-letters", "purge", `--older-than=${v}`, "--schema", s.schema])),
+      ["7 days", "0d"].map((v) => cli(["dead-letters", "purge", `--older-than=${v}`, "--schema", s.schema])),
     );
-    results.forEach((out, i) => {
-      expect(out.code, bad[i]).toBe(2);
-      expect(out.stderr).toContain(
-        `--older-than must be a positive whole number followed by s, m, h or d (e.g. 30m, 12h, 7d), got ${JSON.stringify(bad[i])}`,
-      );
+    for (const [i, out] of results.entries()) {
+      expect(out.code).toBe(2);
+      expect(out.stderr).toContain(reason(["7 days", "0d"][i] ?? ""));
       expect(out.stderr).toContain("Usage: outbox-worker dead-letters");
-    });
+    }
     const missing = await cli(["dead-letters", "purge", "--schema", s.schema]);
     expect(missing.code).toBe(2);
     expect(missing.stderr).toContain("purge needs --older-than");
