@@ -103,7 +103,11 @@ export class Completer {
 
   async #writeUntilLanded(batch: Outcome[]): Promise<void> {
     const kinds = new Map<Outcome["kind"], Outcome[]>();
-    for (const o of batch) kinds.set(o.kind, [...(kinds.get(o.kind) ?? []), o]);
+    for (const o of batch) {
+      const items = kinds.get(o.kind);
+      if (items) items.push(o);
+      else kinds.set(o.kind, [o]);
+    }
     for (;;) {
       // Each kind is one statement on rows the others don't touch, so they run side by side. A kind that
       // landed is not written again when another fails: a repeat would find its rows gone and call them lost.

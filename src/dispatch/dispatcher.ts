@@ -4,7 +4,7 @@
  */
 import type { Outcome } from "../complete/completer.js";
 import { decide, defaultRetry, type RetryStrategy } from "../retry/strategies.js";
-import type { HeldRow } from "../worker/held.js";
+import { abortHeld, type HeldRow, heldSignal } from "../worker/held.js";
 import type { MessageContext, ResolvedQueue } from "../worker/options.js";
 import { classifyError, errorMessage } from "./errors.js";
 import type { LocalQueue } from "./local-queue.js";
@@ -49,7 +49,7 @@ export class Dispatcher {
     const ids: string[] = [];
     for (const held of this.#running) {
       ids.push(held.row.id);
-      held.controller?.abort(reason);
+      abortHeld(held, reason);
     }
     return ids;
   }
@@ -95,7 +95,6 @@ export class Dispatcher {
     }
 
     held.state = "running";
-    held.controller = new AbortController();
     held.startedAt = performance.now();
     this.#running.add(held);
     this.deps.dispatched(held);
@@ -107,7 +106,9 @@ export class Dispatcher {
       deliveries: row.deliveries_count,
       attempts: row.attempts_count,
       createdAt: row.created_at,
-      signal: held.controller.signal,
+      get signal() {
+        return heldSignal(held);
+      },
     };
     try {
       await queue.handler(payload, context);

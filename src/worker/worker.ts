@@ -19,7 +19,7 @@ import {
   type WorkerEventName,
   type WorkerEvents,
 } from "./events.js";
-import type { HeldRow } from "./held.js";
+import { abortHeld, type HeldRow } from "./held.js";
 import { type ResolvedOptions, resolveWorkerOptions, type WorkerOptions } from "./options.js";
 
 export interface StopResult {
@@ -77,7 +77,9 @@ export function createWorker(input: WorkerOptions): Worker {
   );
   const ownsPool = typeof options.connection === "string";
   const queueNames = [...options.queues.keys()];
-  const capacity = Math.max(options.batchSize, options.concurrency);
+  // Twice what one fetch or the dispatch loops need, so the next fetch runs while acks are still in flight
+  // instead of waiting for them to free slots (a drain otherwise alternates fetch and ack round trips).
+  const capacity = 2 * Math.max(options.batchSize, options.concurrency);
   const held = new Map<string, HeldRow>();
   const queue = new LocalQueue<HeldRow>(capacity);
 
@@ -126,7 +128,7 @@ export function createWorker(input: WorkerOptions): Worker {
   function forget(h: HeldRow, phase: LeasePhase) {
     if (h.state === "lost" || h.state === "done") return;
     h.state = "lost";
-    h.controller?.abort(new Error("lease lost: another worker took this message over"));
+    abortHeld(h, new Error("lease lost: another worker took this message over"));
     held.delete(h.row.id);
     queue.remove((x) => x === h);
     completer.forget(h);
@@ -167,8 +169,9 @@ export function createWorker(input: WorkerOptions): Worker {
       o.held.state = "done";
       held.delete(o.held.row.id);
       const { id, queue: q } = o.held.row;
-      if (o.kind === "ack") emitter.emit("acked", { id, queue: q, durationMs: o.durationMs });
-      else if (o.kind === "retry") {
+      if (o.kind === "ack") {
+        if (emitter.hasListeners("acked")) emitter.emit("acked", { id, queue: q, durationMs: o.durationMs });
+      } else if (o.kind === "retry") {
         log.debug({ id, queue: q, delayMs: o.delayMs, error: o.error }, "retry scheduled");
         emitter.emit("retried", { id, queue: q, delayMs: o.delayMs, error: o.error, transient: o.transient });
       } else {
@@ -182,7 +185,7 @@ export function createWorker(input: WorkerOptions): Worker {
     onFatal: fatal,
   });
 
-  const fetcher = new Fetcher<LeasedRow>({
+  const fetcher = new Fetcher<HeldRow>({
     batchSize: options.batchSize,
     minPollMs: options.minPollIntervalMs,
     maxPollMs: options.maxPollIntervalMs,
@@ -200,21 +203,19 @@ export function createWorker(input: WorkerOptions): Worker {
         options.workerId,
       ]);
       loopRecovered("fetch");
-      for (const row of rows) (row as LeasedRow & { token: string }).token = token;
-      return rows;
-    },
-    deliver: (rows) => {
-      const batch: HeldRow[] = rows.map((row) => ({
-        row: { ...row, id: String(row.id) },
-        token: (row as LeasedRow & { token: string }).token,
+      return rows.map((row) => ({
+        row,
+        token,
         state: "queued",
         writing: false,
         controller: undefined,
         startedAt: 0,
       }));
+    },
+    deliver: (batch) => {
       for (const h of batch) held.set(h.row.id, h);
       queue.push(batch);
-      emitter.emit("fetched", { count: rows.length });
+      emitter.emit("fetched", { count: batch.length });
     },
     onError: (error, n) => loopError("fetch", error, n),
     onFatal: fatal,
@@ -241,8 +242,12 @@ export function createWorker(input: WorkerOptions): Worker {
     retry: options.retry,
     maxErrorLength: options.maxErrorLength,
     submit: (o) => completer.submit(o),
-    dispatched: (h) =>
-      emitter.emit("dispatched", { id: h.row.id, queue: h.row.queue, deliveries: h.row.deliveries_count }),
+    dispatched: (h) => {
+      // Guarded: an event object per message is measurable at tens of thousands a second.
+      if (emitter.hasListeners("dispatched")) {
+        emitter.emit("dispatched", { id: h.row.id, queue: h.row.queue, deliveries: h.row.deliveries_count });
+      }
+    },
     strategyProblem: (h, problem) =>
       log.warn({ id: h.row.id, queue: h.row.queue, problem }, "retry strategy returned an unusable delay"),
   });
