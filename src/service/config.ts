@@ -75,7 +75,7 @@ export interface ConfigField {
 
 const TUNING_DESCRIPTIONS: Record<keyof typeof workerTuningShape, string> = {
   concurrency: "handlers running at once",
-  batchSize: "rows leased per fetch (the local queue holds at most max(batchSize, concurrency))",
+  batchSize: "rows leased per fetch (a worker holds at most 2 × max(batchSize, concurrency) rows)",
   leaseTtlMs: "lease length; a crashed worker's rows are retried after it",
   heartbeatMs: "lease renewal period (default a third of leaseTtlMs, at most half)",
   minPollIntervalMs: "poll interval while rows keep coming",
