@@ -251,6 +251,37 @@ describe("outcomes", () => {
 });
 
 describe("lease fencing", () => {
+  it("the ack statement deletes only (id, token) pairs it still owns and names them when some are missing", async () => {
+    await publishRows("ackq", 3);
+    const token = randomUUID();
+    const leased = await run<LeasedRow>(db.pool, fetchStatement(db.names), [
+      ["ackq"],
+      10,
+      token,
+      60_000,
+      "w",
+    ]);
+    const [a, b, c] = leased.map((r) => r.id);
+    const ack = completeStatements(db.names).ack;
+    // A wrong token deletes nothing, and says so with an empty list (not "all").
+    expect(await run(db.pool, ack, [[a], [randomUUID()]])).toEqual([{ deleted: 0, ids: [] }]);
+    // Partly ours: only the owned rows go, and they are named.
+    expect(
+      await run(db.pool, ack, [
+        [a, b],
+        [token, randomUUID()],
+      ]),
+    ).toEqual([{ deleted: 1, ids: [a] }]);
+    // All ours: no per-row data.
+    expect(
+      await run(db.pool, ack, [
+        [b, c],
+        [token, token],
+      ]),
+    ).toEqual([{ deleted: 2, ids: null }]);
+    expect(await count("messages")).toBe(0);
+  });
+
   it("a zombie's ack and retry affect 0 rows and emit lease_lost; the new owner's write lands", async () => {
     await publishRows("zombie", 2, (i) => ({ i }));
     const gates: (() => void)[] = [];
@@ -293,7 +324,7 @@ describe("lease fencing", () => {
       taken.map((r) => r.id),
       taken.map(() => token),
     ]);
-    expect(acked).toHaveLength(2);
+    expect(acked).toEqual([{ deleted: 2, ids: null }]);
   });
 
   it("a handler longer than the lease TTL runs exactly once while its heartbeat renews the lease", async () => {

@@ -66,8 +66,9 @@ RETURNING id, payload`,
             if (rows.length === 0) return;
             onRows(rows.length);
             const ids = rows.map((r) => r.id);
-            const gone = await run(c, ack, [ids, ids.map(() => token)]);
-            if (gone.length !== ids.length) throw new Error(`ack deleted ${gone.length} of ${ids.length}`);
+            const [gone] = await run<{ deleted: number }>(c, ack, [ids, ids.map(() => token)]);
+            if (gone?.deleted !== ids.length)
+              throw new Error(`ack deleted ${gone?.deleted} of ${ids.length}`);
           }
         }
       }),

@@ -12,10 +12,13 @@ export type Outcome =
   | { kind: "retry"; held: HeldRow; delayMs: number; error: string; failed: 0 | 1; transient: boolean }
   | { kind: "dead"; held: HeldRow; reason: string; error: string | null; attempted: 0 | 1; failed: 0 | 1 };
 
+/** Which rows a write touched: "all" of them, or the ids of those it did (the rest were lost). */
+export type Written = ReadonlySet<string> | "all";
+
 export interface CompleterDeps {
-  ack(items: Extract<Outcome, { kind: "ack" }>[]): Promise<Set<string>>;
-  retry(items: Extract<Outcome, { kind: "retry" }>[]): Promise<Set<string>>;
-  dead(items: Extract<Outcome, { kind: "dead" }>[]): Promise<Set<string>>;
+  ack(items: Extract<Outcome, { kind: "ack" }>[]): Promise<Written>;
+  retry(items: Extract<Outcome, { kind: "retry" }>[]): Promise<Written>;
+  dead(items: Extract<Outcome, { kind: "dead" }>[]): Promise<Written>;
   landed(outcome: Outcome): void;
   lost(outcome: Outcome): void;
   /** Called after each successful flush, so the fetcher can use the slots it freed. */
@@ -113,10 +116,10 @@ export class Completer {
       // landed is not written again when another fails: a repeat would find its rows gone and call them lost.
       const results = await Promise.allSettled(
         [...kinds].map(async ([kind, items]) => {
-          const ids = await this.#run(kind, items);
+          const written = await this.#run(kind, items);
           kinds.delete(kind);
           for (const o of items) {
-            if (ids.has(o.held.row.id)) this.deps.landed(o);
+            if (written === "all" || written.has(o.held.row.id)) this.deps.landed(o);
             else this.deps.lost(o);
           }
         }),
@@ -141,7 +144,7 @@ export class Completer {
     }
   }
 
-  #run(kind: Outcome["kind"], items: Outcome[]): Promise<Set<string>> {
+  #run(kind: Outcome["kind"], items: Outcome[]): Promise<Written> {
     if (kind === "ack") return this.deps.ack(items as Extract<Outcome, { kind: "ack" }>[]);
     if (kind === "retry") return this.deps.retry(items as Extract<Outcome, { kind: "retry" }>[]);
     return this.deps.dead(items as Extract<Outcome, { kind: "dead" }>[]);

@@ -22,6 +22,34 @@ export interface DispatcherDeps {
   strategyProblem(held: HeldRow, problem: string): void;
 }
 
+/** A class, not an object literal with a getter: one shared shape for every message's context. */
+class Context implements MessageContext {
+  readonly id: string;
+  readonly queue: string;
+  readonly key: string | null;
+  readonly headers: Record<string, string>;
+  readonly deliveries: number;
+  readonly attempts: number;
+  readonly createdAt: Date;
+  readonly #held: HeldRow;
+
+  constructor(held: HeldRow) {
+    const { row } = held;
+    this.id = row.id;
+    this.queue = row.queue;
+    this.key = row.key;
+    this.headers = row.headers;
+    this.deliveries = row.deliveries_count;
+    this.attempts = row.attempts_count;
+    this.createdAt = row.created_at;
+    this.#held = held;
+  }
+
+  get signal(): AbortSignal {
+    return heldSignal(this.#held);
+  }
+}
+
 export class Dispatcher {
   readonly #loops: Promise<void>[] = [];
   readonly #running = new Set<HeldRow>();
@@ -56,7 +84,7 @@ export class Dispatcher {
 
   async #loop(): Promise<void> {
     for (;;) {
-      const held = await this.deps.queue.take();
+      const held = this.deps.queue.tryTake() ?? (await this.deps.queue.take());
       if (!held) return;
       if (held.state !== "queued") continue;
       const outcome = await this.#process(held);
@@ -98,18 +126,7 @@ export class Dispatcher {
     held.startedAt = performance.now();
     this.#running.add(held);
     this.deps.dispatched(held);
-    const context: MessageContext = {
-      id: row.id,
-      queue: row.queue,
-      key: row.key,
-      headers: row.headers,
-      deliveries: row.deliveries_count,
-      attempts: row.attempts_count,
-      createdAt: row.created_at,
-      get signal() {
-        return heldSignal(held);
-      },
-    };
+    const context = new Context(held);
     try {
       await queue.handler(payload, context);
       return { kind: "ack", held, durationMs: performance.now() - held.startedAt };

@@ -63,6 +63,14 @@ export class LocalQueue<T> {
     });
   }
 
+  /** The next item if one is queued and nobody waits for it: take() without a promise per item. */
+  tryTake(): T | undefined {
+    if (this.#waiters.length > 0 || this.#items.length === 0) return undefined;
+    const item = this.#items.shift() as T;
+    this.#notifyTake();
+    return item;
+  }
+
   /** Removes and returns everything queued; waiters keep waiting. */
   drain(): T[] {
     const items = this.#items;

@@ -29,7 +29,7 @@ const publisherOptionsSchema = z.strictObject({
     .union([
       z.boolean(),
       z.strictObject({
-        cooldownMs: z.number().min(0).max(60_000).default(5),
+        cooldownMs: z.number().min(0).max(60_000).default(2),
         connection: z
           .custom<Executor>(isExecutor, "must be a pg Pool/Client or a Kysely instance")
           .optional(),
@@ -91,7 +91,7 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
   const config = parsed.data;
   const names = outboxNames(config.schema);
   const sql = produceStatements(names);
-  const notify = config.notify === true ? { cooldownMs: 5, connection: undefined } : config.notify;
+  const notify = config.notify === true ? { cooldownMs: 2, connection: undefined } : config.notify;
   const trailingConnection = notify ? notify.connection : undefined;
   const throttle = notify
     ? new NotifyThrottle({

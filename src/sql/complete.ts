@@ -10,7 +10,11 @@ import type { OutboxNames } from "./names.js";
  * the leased rows (messages_leased_idx); both stay small because only held rows are leased.
  */
 export interface CompleteStatements {
-  /** $1 ids, $2 tokens → deleted ids. */
+  /**
+   * $1 ids, $2 tokens → one row: `deleted` count, and `ids` (the deleted ids) only when some were not
+   * deleted. The common case (every row still ours) returns no per-row data: at tens of thousands of acks
+   * a second, a result row per message costs the worker more than the DELETE costs Postgres.
+   */
   ack: Statement;
   /**
    * $1 ids, $2 tokens, $3 delays ms, $4 errors, $5 failure increments (0 or 1), $6 max error length
@@ -33,15 +37,28 @@ export interface IdRow {
   id: string;
 }
 
+/** The ack statement's one row. */
+export interface AckRow {
+  deleted: number;
+  /** Null when every row was deleted. */
+  ids: string[] | null;
+}
+
 export function completeStatements(names: OutboxNames): CompleteStatements {
   const m = names.messages;
   const pairs = "unnest($1::bigint[], $2::uuid[])";
   return {
     ack: statement(
       "ack",
-      `DELETE FROM ${m} AS t USING ${pairs} AS d(id, token)
-WHERE t.id = d.id AND t.acquired_token = d.token
-RETURNING t.id`,
+      `WITH gone AS (
+  DELETE FROM ${m} AS t USING ${pairs} AS d(id, token)
+  WHERE t.id = d.id AND t.acquired_token = d.token
+  RETURNING t.id
+)
+SELECT count(*)::int AS deleted,
+       -- array_agg of no rows is NULL, not '{}': without COALESCE "none deleted" would read as "all deleted".
+       CASE WHEN count(*) < cardinality($1::bigint[]) THEN COALESCE(array_agg(id::text), '{}') END AS ids
+FROM gone`,
     ),
     retry: statement(
       "retry",

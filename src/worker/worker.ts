@@ -7,7 +7,7 @@ import { Dispatcher } from "../dispatch/dispatcher.js";
 import { LocalQueue } from "../dispatch/local-queue.js";
 import { Fetcher } from "../fetch/fetcher.js";
 import { createNotifier, type Notifier } from "../notify/notifier.js";
-import { completeStatements, type IdRow } from "../sql/complete.js";
+import { type AckRow, completeStatements, type IdRow } from "../sql/complete.js";
 import { run } from "../sql/executor.js";
 import { fetchStatement, type LeasedRow } from "../sql/fetch.js";
 import { outboxNames } from "../sql/names.js";
@@ -142,7 +142,10 @@ export function createWorker(input: WorkerOptions): Worker {
     backoffBaseMs: options.loopBackoffBaseMs,
     backoffMaxMs: options.loopBackoffMaxMs,
     maxConsecutiveFailures: options.maxConsecutiveFailures,
-    ack: async (items) => ids(await run<IdRow>(db(), sql.ack, pairs(items.map((o) => o.held)))),
+    ack: async (items) => {
+      const [result] = await run<AckRow>(db(), sql.ack, pairs(items.map((o) => o.held)));
+      return result?.ids ? new Set(result.ids) : "all";
+    },
     retry: async (items) =>
       ids(
         await run<IdRow>(db(), sql.retry, [

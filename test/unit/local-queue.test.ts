@@ -191,6 +191,18 @@ describe("LocalQueue", () => {
     expect(await q.take()).toBeUndefined();
   });
 
+  it("tryTake() hands out the next item synchronously, and nothing while the queue is empty", () => {
+    const q = new LocalQueue<string>(3);
+    const sizes: number[] = [];
+    q.onTake = (size) => sizes.push(size);
+    expect(q.tryTake()).toBeUndefined();
+    q.push(["a", "b"]);
+    expect(q.tryTake()).toBe("a");
+    expect(q.tryTake()).toBe("b");
+    expect(q.tryTake()).toBeUndefined();
+    expect(sizes).toEqual([1, 0]);
+  });
+
   it("accepts a batch far larger than a spread call allows", () => {
     const n = 500_000;
     const q = new LocalQueue<number>(n);
@@ -202,6 +214,7 @@ describe("LocalQueue", () => {
   type Op =
     | { t: "push"; n: number }
     | { t: "take" }
+    | { t: "tryTake" }
     | { t: "remove"; mod: number; rem: number }
     | { t: "drain" }
     | { t: "close" };
@@ -212,6 +225,7 @@ describe("LocalQueue", () => {
       arbitrary: fc.record({ t: fc.constant("push" as const), n: fc.integer({ min: 0, max: 7 }) }),
     },
     { weight: 5, arbitrary: fc.constant({ t: "take" as const }) },
+    { weight: 3, arbitrary: fc.constant({ t: "tryTake" as const }) },
     {
       weight: 1,
       arbitrary: fc.record({
@@ -281,6 +295,18 @@ describe("LocalQueue", () => {
                   expected.set(id, undefined);
                 } else {
                   waiting.push(id);
+                }
+                break;
+              }
+              case "tryTake": {
+                const item = q.tryTake();
+                // Only an item nobody waits for: a waiter, if any, is served first (by push).
+                if (waiting.length > 0 || model.length === 0) {
+                  expect(item).toBeUndefined();
+                } else {
+                  expect(item).toBe(model.shift());
+                  expectedSizes.push(model.length);
+                  out.push(item as number);
                 }
                 break;
               }
