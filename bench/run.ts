@@ -694,7 +694,7 @@ table(
   [
     [
       "pg-outbox-worker",
-      `\`createWorker({ concurrency, batchSize: ${OUR_BATCH} })\` for the drains (local queue of max(batchSize, concurrency)); defaults otherwise (latency: batchSize 100). Own pool of 6 plus the LISTEN connection.`,
+      `\`createWorker({ concurrency, batchSize: ${OUR_BATCH} })\` for the drains (holds up to 2 × max(batchSize, concurrency) rows); defaults otherwise (latency: batchSize 100). Own pool of 6 plus the LISTEN connection.`,
     ],
     [
       `graphile-worker ${versions.graphile}`,

@@ -1,4 +1,5 @@
 import { randomUUID } from "node:crypto";
+import pg from "pg";
 import { beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { z } from "zod";
 import { PermanentError, TransientError } from "../src/dispatch/errors.js";
@@ -7,6 +8,7 @@ import { constant } from "../src/retry/strategies.js";
 import { completeStatements } from "../src/sql/complete.js";
 import { run } from "../src/sql/executor.js";
 import { fetchStatement, type LeasedRow } from "../src/sql/fetch.js";
+import { workerSessionOptions } from "../src/worker/options.js";
 import { testDatabase } from "./helpers/database.js";
 import { nextEvent, publisherFor, until, workerFactory } from "./helpers/worker.js";
 
@@ -251,6 +253,22 @@ describe("outcomes", () => {
 });
 
 describe("lease fencing", () => {
+  it("the worker's own sessions skip the WAL flush wait unless synchronousCommit is set", async () => {
+    const serverDefault = (await db.pool.query("SHOW synchronous_commit")).rows[0].synchronous_commit;
+    for (const [sync, expected] of [
+      [false, "off"],
+      [true, serverDefault],
+    ] as const) {
+      const pool = new pg.Pool({ connectionString: db.url, max: 1, options: workerSessionOptions(sync) });
+      try {
+        const { rows } = await pool.query("SHOW synchronous_commit");
+        expect(rows[0].synchronous_commit).toBe(expected);
+      } finally {
+        await pool.end();
+      }
+    }
+  });
+
   it("the ack statement deletes only (id, token) pairs it still owns and names them when some are missing", async () => {
     await publishRows("ackq", 3);
     const token = randomUUID();

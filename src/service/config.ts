@@ -81,6 +81,8 @@ const TUNING_DESCRIPTIONS: Record<keyof typeof workerTuningShape, string> = {
   minPollIntervalMs: "poll interval while rows keep coming",
   maxPollIntervalMs: "poll interval after empty fetches (doubling from the minimum, jittered)",
   listen: "wake on LISTEN/NOTIFY (polling always runs)",
+  synchronousCommit:
+    "wait for the WAL flush on the worker's own writes (off: a server crash can only redeliver)",
   maxDeliveries: "leases after which a row is dead-lettered as max_deliveries",
   maxAttempts: "failures (transient ones excluded) before retries_exhausted",
   completionBatchSize: "outcomes written per statement at most",

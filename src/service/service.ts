@@ -5,6 +5,7 @@ import { migrate } from "../migrate/migrator.js";
 import { createRelay } from "../relay/create-relay.js";
 import type { Relay } from "../relay/relay.js";
 import { redactConnectionString } from "../util/redact.js";
+import { workerSessionOptions } from "../worker/options.js";
 import { createWorker, type StopResult, type Worker } from "../worker/worker.js";
 import { ConfigError, type ServiceConfig } from "./config.js";
 import { loadHandlersModule, type QueueHandlers } from "./handlers-module.js";
@@ -76,6 +77,8 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
       max: 8,
       application_name: "outbox-worker",
       keepAlive: true,
+      // The worker's writes on this pool (readiness and metrics only read).
+      options: workerSessionOptions(config.worker.synchronousCommit),
     });
     pool.on("error", (error) =>
       log.warn({ err: error }, "idle database connection failed; the pool replaces it"),

@@ -36,6 +36,16 @@ export interface QueueConfig<P = unknown> {
 const positiveMs = (max: number) => z.number().int().positive().max(max);
 
 /**
+ * Startup options for the connections a worker opens itself. Its writes (lease, ack, retry, dead letter)
+ * commit without waiting for the WAL flush unless `synchronousCommit`: a server crash can then undo the
+ * last few hundred ms of them, which only redelivers messages (at least once holds), and every lease and
+ * ack returns a flush (~0.1–1 ms) sooner. Producers' transactions are never affected.
+ */
+export function workerSessionOptions(synchronousCommit: boolean): string | undefined {
+  return synchronousCommit ? undefined : "-c synchronous_commit=off";
+}
+
+/**
  * The worker's tuning knobs: one schema shared by `createWorker` and the service config, so a field means
  * the same thing (and fails the same way) in code, in a config file and in an environment variable.
  */
@@ -47,6 +57,7 @@ export const workerTuningShape = {
   minPollIntervalMs: positiveMs(3_600_000).default(100),
   maxPollIntervalMs: positiveMs(3_600_000).default(2000),
   listen: z.boolean().default(true),
+  synchronousCommit: z.boolean().default(false),
   maxDeliveries: z.number().int().min(1).max(1_000_000).default(25),
   maxAttempts: z.number().int().min(1).max(1_000_000).default(10),
   completionBatchSize: z.number().int().min(1).max(10_000).default(1000),

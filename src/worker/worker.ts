@@ -20,7 +20,12 @@ import {
   type WorkerEvents,
 } from "./events.js";
 import { abortHeld, type HeldRow } from "./held.js";
-import { type ResolvedOptions, resolveWorkerOptions, type WorkerOptions } from "./options.js";
+import {
+  type ResolvedOptions,
+  resolveWorkerOptions,
+  type WorkerOptions,
+  workerSessionOptions,
+} from "./options.js";
 
 export interface StopResult {
   /** True when every handler finished within the timeout and every outcome was written. */
@@ -266,6 +271,7 @@ export function createWorker(input: WorkerOptions): Worker {
         application_name: `outbox-worker ${options.workerId}`.slice(0, 63),
         keepAlive: true,
         connectionTimeoutMillis: 10_000,
+        options: workerSessionOptions(options.synchronousCommit),
       });
     } else {
       pool = options.connection;
