@@ -33,7 +33,14 @@ export type PeerName = "outbox" | "graphile" | "pgboss";
 export type JobSpec =
   | { kind: "drain"; peer: PeerName; concurrency: number; rows: number; tuning?: Record<string, number> }
   | { kind: "sql"; variant: SqlVariant; connections: number; rows: number }
-  | { kind: "latency"; peer: PeerName; listen: boolean; rate: number; seconds: number }
+  | {
+      kind: "latency";
+      peer: PeerName;
+      listen: boolean;
+      rate: number;
+      seconds: number;
+      tuning?: Record<string, number>;
+    }
   | { kind: "producer"; peer: PeerName; mode: string; clients: number; seconds: number; batch?: number }
   | { kind: "scale"; sizes: number[]; concurrency: number; timed: number };
 
@@ -184,6 +191,7 @@ async function latency(spec: Extract<JobSpec, { kind: "latency" }>): Promise<Lat
   await peer.startWorker({
     concurrency: 10,
     listen: spec.listen,
+    ...(spec.tuning ? { tuning: spec.tuning } : {}),
     onJob: (p) => {
       started.set(p.orderId, performance.now());
     },

@@ -51,6 +51,8 @@ const out = arg("out", `${ROOT}bench/${quick ? "RESULTS.quick.md" : "RESULTS.md"
 const CONCURRENCIES = [10, 32];
 const SQL_CONNECTIONS = [2, 4];
 const OUR_BATCH = 500;
+/** The concurrency of the extra drain of ours with `synchronousCommit: true`. */
+const SYNC_CONCURRENCY = 10;
 const RATE = 200;
 const CLIENTS = 8;
 const PUBLISH_MANY = 1000;
@@ -191,6 +193,17 @@ async function drainSection() {
         );
       }
     }
+    // Ours waiting for the WAL flush on its writes, as the peers do: what the synchronous_commit default buys.
+    add(
+      `outbox-sync:${SYNC_CONCURRENCY}`,
+      await job<DrainResult>({
+        kind: "drain",
+        peer: "outbox",
+        concurrency: SYNC_CONCURRENCY,
+        rows,
+        tuning: { batchSize: OUR_BATCH, synchronousCommit: 1 },
+      }),
+    );
     for (const variant of ["lease-delete", "lease-ack"] as const) {
       for (const n of SQL_CONNECTIONS) {
         add(`${variant}:${n}`, await job<DrainResult>({ kind: "sql", variant, connections: n, rows }));
@@ -224,6 +237,16 @@ async function drainSection() {
         fmt(median(xs.map((x) => x.roundTrips)), 4),
       ]);
     }
+  }
+  {
+    const xs = results.get(`outbox-sync:${SYNC_CONCURRENCY}`) ?? [];
+    rowsOut.push([
+      `${LABEL.outbox}, concurrency ${SYNC_CONCURRENCY}, \`synchronousCommit: true\``,
+      mr(xs.map((x) => x.rate)),
+      fmt(median(xs.map((x) => x.cpuNode)), 1),
+      fmt(median(xs.map((x) => x.cpuRest)), 1),
+      fmt(median(xs.map((x) => x.roundTrips)), 4),
+    ]);
   }
   for (const variant of ["lease-delete", "lease-ack"] as const) {
     for (const n of SQL_CONNECTIONS) {
@@ -294,6 +317,7 @@ async function drainSection() {
 async function latencySection() {
   const modes = [
     ["outbox", true],
+    ["outbox-sync", true],
     ["outbox", false],
     ["graphile", true],
     ["graphile", false],
@@ -305,10 +329,11 @@ async function latencySection() {
     for (const [peer, listen] of modes) {
       const res = await job<LatencyResult>({
         kind: "latency",
-        peer,
+        peer: peer === "outbox-sync" ? "outbox" : peer,
         listen,
         rate: RATE,
         seconds: P.latencySeconds,
+        ...(peer === "outbox-sync" ? { tuning: { synchronousCommit: 1 } } : {}),
       });
       results.set(`${peer}:${listen}`, [...(results.get(`${peer}:${listen}`) ?? []), res]);
     }
@@ -331,13 +356,11 @@ async function latencySection() {
         xs.map((x) => x[k]),
         1,
       );
-    return [
-      `${LABEL[peer].replace(/ \(.*\)/, "")}, ${listen ? "LISTEN/NOTIFY" : "poll only"}`,
-      m("p50"),
-      m("p95"),
-      m("p99"),
-      m("max"),
-    ];
+    const name =
+      peer === "outbox-sync"
+        ? `${LABEL.outbox}, LISTEN/NOTIFY, \`synchronousCommit: true\``
+        : `${LABEL[peer].replace(/ \(.*\)/, "")}, ${listen ? "LISTEN/NOTIFY" : "poll only"}`;
+    return [name, m("p50"), m("p95"), m("p99"), m("max")];
   });
   table(["system, wake-ups", "p50 ms", "p95 ms", "p99 ms", "max ms"], rowsOut);
   const ours = results.get("outbox:true") ?? [];
@@ -694,7 +717,7 @@ table(
   [
     [
       "pg-outbox-worker",
-      `\`createWorker({ concurrency, batchSize: ${OUR_BATCH} })\` for the drains (holds up to 2 × max(batchSize, concurrency) rows); defaults otherwise (latency: batchSize 100). Own pool of 6 plus the LISTEN connection.`,
+      `\`createWorker({ concurrency, batchSize: ${OUR_BATCH} })\` for the drains (holds up to 2 × max(batchSize, concurrency) rows); defaults otherwise (latency: batchSize 100), so its own sessions commit with \`synchronous_commit = off\`; one drain and one latency row with \`synchronousCommit: true\` wait for the flush like the peers (server default, on). Own pool of 6 plus the LISTEN connection.`,
     ],
     [
       `graphile-worker ${versions.graphile}`,

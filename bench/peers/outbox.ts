@@ -47,6 +47,8 @@ export function outboxPeer(schema: string): Peer {
         listen,
         logger: false,
         ...(tuning?.batchSize ? { batchSize: tuning.batchSize } : {}),
+        // 1: wait for the WAL flush on the worker's writes, as graphile-worker and pg-boss always do.
+        synchronousCommit: tuning?.synchronousCommit === 1,
         queues: { [QUEUE]: (p) => onJob(p as { orderId: number }) },
       });
       await worker.start();

@@ -7,6 +7,7 @@
  *   the rows. The upper bound of any design on this table.
  * - "lease-ack": what the worker does without the worker: this project's fetch statement leases 500
  *   rows, then this project's ack statement deletes them by (id, lease token). Two round trips per 500.
+ * Both on the worker's session settings (synchronous_commit off).
  */
 import { randomUUID } from "node:crypto";
 import pg from "pg";
@@ -14,6 +15,7 @@ import { completeStatements } from "../../src/sql/complete.js";
 import { run } from "../../src/sql/executor.js";
 import { fetchStatement } from "../../src/sql/fetch.js";
 import { outboxNames } from "../../src/sql/names.js";
+import { workerSessionOptions } from "../../src/worker/options.js";
 import { DATABASE_URL } from "../lib.js";
 import { QUEUE } from "./peer.js";
 
@@ -40,7 +42,12 @@ RETURNING id, payload`,
   const { ack } = completeStatements(names);
   const clients = await Promise.all(
     Array.from({ length: connections }, async () => {
-      const c = new pg.Client({ connectionString: DATABASE_URL, application_name: "bench-sql" });
+      // The worker's session settings (synchronous_commit off), so the ceiling does the worker's work.
+      const c = new pg.Client({
+        connectionString: DATABASE_URL,
+        application_name: "bench-sql",
+        options: workerSessionOptions(false),
+      });
       await c.connect();
       return c;
     }),
