@@ -67,13 +67,24 @@ describe("delivery", () => {
         { payload: { n: 7, when: "2026-01-01T00:00:00Z" }, key: "k1", headers: { h: "v" } },
       ]),
     );
+    const [{ created_at }] = (
+      await db.pool.query(`SELECT created_at FROM ${db.names.messages} WHERE id = $1`, [id])
+    ).rows;
     const seen: unknown[] = [];
     const worker = await workers.start({
       queues: {
         typed: {
           schema: z.object({ n: z.number(), when: z.string() }),
           handler: (payload, m) => {
-            seen.push({ payload, id: m.id, key: m.key, headers: m.headers, deliveries: m.deliveries });
+            seen.push({
+              payload,
+              id: m.id,
+              key: m.key,
+              headers: m.headers,
+              deliveries: m.deliveries,
+              attempts: m.attempts,
+              createdAt: m.createdAt,
+            });
             expect(m.signal.aborted).toBe(false);
           },
         },
@@ -87,6 +98,8 @@ describe("delivery", () => {
         key: "k1",
         headers: { h: "v" },
         deliveries: 1,
+        attempts: 0,
+        createdAt: created_at,
       },
     ]);
   });

@@ -30,8 +30,8 @@ class Context implements MessageContext {
   readonly headers: Record<string, string>;
   readonly deliveries: number;
   readonly attempts: number;
-  readonly createdAt: Date;
   readonly #held: HeldRow;
+  #createdAt: Date | undefined;
 
   constructor(held: HeldRow) {
     const { row } = held;
@@ -41,8 +41,13 @@ class Context implements MessageContext {
     this.headers = row.headers;
     this.deliveries = row.deliveries_count;
     this.attempts = row.attempts_count;
-    this.createdAt = row.created_at;
     this.#held = held;
+  }
+
+  /** Made on first read: most handlers never look at it. */
+  get createdAt(): Date {
+    this.#createdAt ??= new Date(this.#held.row.created_epoch * 1000);
+    return this.#createdAt;
   }
 
   get signal(): AbortSignal {

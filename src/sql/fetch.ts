@@ -2,8 +2,11 @@ import { type Statement, statement } from "./executor.js";
 import type { OutboxNames } from "./names.js";
 import type { MessageColumns } from "./rows.js";
 
-/** A leased row, as the fetch statement returns it: only what dispatch reads (every column costs per row). */
-export type LeasedRow = Omit<MessageColumns, "available_at">;
+/**
+ * A leased row, as the fetch statement returns it: only what dispatch reads (every column costs per row).
+ * `created_at` comes as epoch seconds: pg parses a float far faster than a timestamp string.
+ */
+export type LeasedRow = Omit<MessageColumns, "available_at" | "created_at"> & { created_epoch: number };
 
 /**
  * Lease up to $2 rows of the queues in $1 whose lease is unset or expired and whose time has come, oldest
@@ -50,7 +53,7 @@ SET acquired_token = $3::uuid,
     acquired_by = $5,
     deliveries_count = t.deliveries_count + 1
 WHERE t.id = ANY (ARRAY(SELECT id FROM picked))
-RETURNING t.id::text AS id, t.queue, t.payload, t.headers, t.key, t.created_at, t.deliveries_count,
-          t.attempts_count, t.failures_count, t.first_attempt_at, t.last_attempt_at`,
+RETURNING t.id::text AS id, t.queue, t.payload, t.headers, t.key, date_part('epoch', t.created_at) AS created_epoch,
+          t.deliveries_count, t.attempts_count, t.failures_count, t.first_attempt_at, t.last_attempt_at`,
   );
 }

@@ -8,7 +8,7 @@ import { LocalQueue } from "../dispatch/local-queue.js";
 import { Fetcher } from "../fetch/fetcher.js";
 import { createNotifier, type Notifier } from "../notify/notifier.js";
 import { type AckRow, completeStatements, type IdRow } from "../sql/complete.js";
-import { run } from "../sql/executor.js";
+import { plainArray, run } from "../sql/executor.js";
 import { fetchStatement, type LeasedRow } from "../sql/fetch.js";
 import { outboxNames } from "../sql/names.js";
 import { redactConnectionString } from "../util/redact.js";
@@ -127,7 +127,11 @@ export function createWorker(input: WorkerOptions): Worker {
     if (!pool) throw new Error("worker is not started");
     return pool;
   };
-  const pairs = (rows: HeldRow[]) => [rows.map((h) => h.row.id), rows.map((h) => h.token)];
+  // Ids come back from our fetch as decimal text and tokens are our own UUIDs: both are safe unquoted.
+  const pairs = (rows: HeldRow[]) => [
+    plainArray(rows.map((h) => h.row.id)),
+    plainArray(rows.map((h) => h.token)),
+  ];
   const ids = (rows: IdRow[]) => new Set(rows.map((r) => String(r.id)));
 
   function forget(h: HeldRow, phase: LeasePhase) {
