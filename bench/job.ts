@@ -40,6 +40,8 @@ export type JobSpec =
       rate: number;
       seconds: number;
       tuning?: Record<string, number>;
+      /** Producer mode (see the peer); "default" unless set. */
+      mode?: string;
     }
   | { kind: "producer"; peer: PeerName; mode: string; clients: number; seconds: number; batch?: number }
   | { kind: "scale"; sizes: number[]; concurrency: number; timed: number };
@@ -197,7 +199,7 @@ async function latency(spec: Extract<JobSpec, { kind: "latency" }>): Promise<Lat
     },
   });
   await sleep(1000); // idle worker
-  const producer = await peer.producer(4, "default");
+  const producer = await peer.producer(4, spec.mode ?? "default");
   const total = Math.round(spec.rate * spec.seconds);
   const committed = new Map<number, number>();
   const inflight: Promise<void>[] = [];

@@ -10,7 +10,7 @@
  * Peers come from bench/package.json (installed into bench/node_modules by the npm scripts).
  */
 import { execFileSync } from "node:child_process";
-import { readFileSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import pg from "pg";
 import type {
@@ -754,6 +754,11 @@ say(
 say();
 say(`Total time: ${elapsed()}; jobs repeated because the machine was busy right after them: ${repeated}.`);
 
+// A hand-written analysis of the figures (what limits the ones that miss) survives a rerun: it is kept from
+// the previous file between these markers, to be reread against the new figures.
+const NOTES = /<!-- notes:start -->[\s\S]*<!-- notes:end -->/;
+const notes = existsSync(out) ? NOTES.exec(readFileSync(out, "utf8"))?.[0] : undefined;
+if (notes) md.push("", notes);
 writeFileSync(out, `${md.join("\n")}\n`);
 // The repository's formatter pads markdown tables; format the file so `npm run lint` stays clean.
 try {
