@@ -94,6 +94,15 @@ const TUNING_DESCRIPTIONS: Record<keyof typeof workerTuningShape, string> = {
   maxErrorLength: "longest error text kept in last_error and dead letters",
 };
 
+/** How an environment variable of a tuning field is read, from the field's own zod type (never a list to keep in step). */
+function tuningFieldType(schema: z.ZodType): FieldType {
+  let inner = schema as z.ZodType & { def: { type: string; innerType?: z.ZodType } };
+  while (inner.def.innerType) inner = inner.def.innerType as typeof inner;
+  if (inner instanceof z.ZodBoolean) return "boolean";
+  if (inner instanceof z.ZodNumber) return inner.isInt ? "integer" : "number";
+  throw new Error(`no environment type for a ${inner.def.type} tuning field`);
+}
+
 const envName = (key: string) => `OUTBOX_${key.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase()}`;
 
 export const configFields: ConfigField[] = [
@@ -126,7 +135,7 @@ export const configFields: ConfigField[] = [
   ...Object.entries(TUNING_DESCRIPTIONS).map(([key, description]) => ({
     path: `worker.${key}`,
     env: envName(key),
-    type: (key === "listen" ? "boolean" : key === "completionWindowMs" ? "number" : "integer") as FieldType,
+    type: tuningFieldType(workerTuningShape[key as keyof typeof workerTuningShape]),
     description,
   })),
   {

@@ -46,6 +46,7 @@ describe("service config", () => {
         OUTBOX_MIGRATE: "yes",
         OUTBOX_RELAYS: JSON.stringify({ "order.placed": { type: "http", url: "http://127.0.0.1:9/hook" } }),
         OUTBOX_COMPLETION_WINDOW_MS: "0.5",
+        OUTBOX_SYNCHRONOUS_COMMIT: "true",
       },
       overrides: { "http.port": 9464, schema: undefined },
     });
@@ -55,6 +56,7 @@ describe("service config", () => {
       batchSize: 7,
       listen: false,
       completionWindowMs: 0.5,
+      synchronousCommit: true,
     });
     expect(config.migrate).toBe(true);
     expect(config.http.port).toBe(9464);
