@@ -173,6 +173,17 @@ say();
 
 // ---------------------------------------------------------------------------------------------- drain
 
+/** One row of the drain table: rate, CPU per message (worker, rest), statements per message. */
+function drainRow(name: string, xs: DrainResult[] = []): string[] {
+  return [
+    name,
+    mr(xs.map((x) => x.rate)),
+    fmt(median(xs.map((x) => x.cpuNode)), 1),
+    fmt(median(xs.map((x) => x.cpuRest)), 1),
+    fmt(median(xs.map((x) => x.roundTrips)), 4),
+  ];
+}
+
 async function drainSection() {
   const rows = P.drainRows;
   const results = new Map<string, DrainResult[]>();
@@ -228,40 +239,22 @@ async function drainSection() {
   const rowsOut: string[][] = [];
   for (const c of CONCURRENCIES) {
     for (const peer of ["outbox", "graphile", "pgboss"] as const) {
-      const xs = results.get(`${peer}:${c}`) ?? [];
-      rowsOut.push([
-        `${LABEL[peer]}, concurrency ${c}`,
-        mr(xs.map((x) => x.rate)),
-        fmt(median(xs.map((x) => x.cpuNode)), 1),
-        fmt(median(xs.map((x) => x.cpuRest)), 1),
-        fmt(median(xs.map((x) => x.roundTrips)), 4),
-      ]);
+      rowsOut.push(drainRow(`${LABEL[peer]}, concurrency ${c}`, results.get(`${peer}:${c}`)));
     }
   }
-  {
-    const xs = results.get(`outbox-sync:${SYNC_CONCURRENCY}`) ?? [];
-    rowsOut.push([
+  rowsOut.push(
+    drainRow(
       `${LABEL.outbox}, concurrency ${SYNC_CONCURRENCY}, \`synchronousCommit: true\``,
-      mr(xs.map((x) => x.rate)),
-      fmt(median(xs.map((x) => x.cpuNode)), 1),
-      fmt(median(xs.map((x) => x.cpuRest)), 1),
-      fmt(median(xs.map((x) => x.roundTrips)), 4),
-    ]);
-  }
+      results.get(`outbox-sync:${SYNC_CONCURRENCY}`),
+    ),
+  );
   for (const variant of ["lease-delete", "lease-ack"] as const) {
     for (const n of SQL_CONNECTIONS) {
-      const xs = results.get(`${variant}:${n}`) ?? [];
       const name =
         variant === "lease-delete"
           ? `SQL ceiling: lease+delete ${SQL_BATCH} in one statement, ${n} connections`
           : `SQL ceiling: lease ${SQL_BATCH} (our fetch) then fenced delete (our ack), ${n} connections`;
-      rowsOut.push([
-        name,
-        mr(xs.map((x) => x.rate)),
-        fmt(median(xs.map((x) => x.cpuNode)), 1),
-        fmt(median(xs.map((x) => x.cpuRest)), 1),
-        fmt(median(xs.map((x) => x.roundTrips)), 4),
-      ]);
+      rowsOut.push(drainRow(name, results.get(`${variant}:${n}`)));
     }
   }
   table(["system", "rows/s", "CPU µs/msg, worker", "CPU µs/msg, rest (Postgres)", "statements/msg"], rowsOut);
