@@ -86,6 +86,15 @@ describe("delivery", () => {
               createdAt: m.createdAt,
             });
             expect(m.signal.aborted).toBe(false);
+            expect(JSON.parse(JSON.stringify(m))).toEqual({
+              id,
+              queue: "typed",
+              key: "k1",
+              headers: { h: "v" },
+              deliveries: 1,
+              attempts: 0,
+              createdAt: m.createdAt.toISOString(),
+            });
           },
         },
       },

@@ -53,6 +53,12 @@ class Context implements MessageContext {
   get signal(): AbortSignal {
     return heldSignal(this.#held);
   }
+
+  /** Getters live on the prototype; logging or JSON.stringify of a context still shows createdAt. */
+  toJSON() {
+    const { id, queue, key, headers, deliveries, attempts, createdAt } = this;
+    return { id, queue, key, headers, deliveries, attempts, createdAt };
+  }
 }
 
 export class Dispatcher {
