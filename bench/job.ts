@@ -280,8 +280,8 @@ function scans(plan: Record<string, unknown>, out: string[] = []): string[] {
 
 async function explainStatements(pool: pg.Pool, schema: string, rows: number): Promise<PlanCheck[]> {
   const names = outboxNames(schema);
-  const fetchSql = fetchStatement(names).text;
-  const ackSql = completeStatements(names).ack.text;
+  const fetchSql = fetchStatement(names, { synchronousCommit: false }).text;
+  const ackSql = completeStatements(names, { synchronousCommit: false }).ack.text;
   const checks: PlanCheck[] = [];
   const client = await pool.connect();
   try {
@@ -296,7 +296,7 @@ async function explainStatements(pool: pg.Pool, schema: string, rows: number): P
       );
       const fetchPlan = lease.rows[0]["QUERY PLAN"][0];
       // Lease 500 more for real (in the same transaction) and explain deleting them, fenced by token.
-      const leased = await run<{ id: string }>(client, fetchStatement(names), [
+      const leased = await run<{ id: string }>(client, fetchStatement(names, { synchronousCommit: false }), [
         [QUEUE],
         500,
         token,
@@ -364,8 +364,8 @@ async function scale(spec: Extract<JobSpec, { kind: "scale" }>): Promise<ScaleRe
   }
 
   // The statements alone, on the full backlog: lease N, delete them fenced, `timed` times per N.
-  const fetch = fetchStatement(names);
-  const { ack } = completeStatements(names);
+  const fetch = fetchStatement(names, { synchronousCommit: false });
+  const { ack } = completeStatements(names, { synchronousCommit: false });
   const timedFetch: ScaleResult["timedFetch"] = [];
   const timedAck: ScaleResult["timedAck"] = [];
   const client = await pool.connect();
@@ -376,11 +376,13 @@ async function scale(spec: Extract<JobSpec, { kind: "scale" }>): Promise<ScaleRe
     for (let i = 0; i < spec.timed; i++) {
       const token = randomUUID();
       let t = performance.now();
-      const rows = await run<{ id: string }>(client, fetch, [[QUEUE], limit, token, 30000, "timing"]);
+      const rows = await run<{ id: string }>(client, fetch, [[QUEUE], limit, token, 30000, "timing"], {
+        prepared: true,
+      });
       fetchMs.push(performance.now() - t);
       const ids = rows.map((r) => r.id);
       t = performance.now();
-      await run(client, ack, [ids, ids.map(() => token)]);
+      await run(client, ack, [ids, ids.map(() => token)], { prepared: true });
       ackMs.push(performance.now() - t);
       taken += ids.length;
     }

@@ -11,7 +11,7 @@ const ROWS = 100_000;
 async function explain(queues: string[], limit: number): Promise<string> {
   const client = await db.pool.connect();
   try {
-    const text = fetchStatement(db.names).text;
+    const text = fetchStatement(db.names, { synchronousCommit: false }).text;
     await client.query("SET plan_cache_mode = force_generic_plan");
     await client.query(`PREPARE lease(text[], int, uuid, double precision, text) AS ${text}`);
     await client.query("BEGIN");
@@ -60,7 +60,7 @@ describe(`the lease statement on ${ROWS} rows`, () => {
 
   it("leases expired and ready rows oldest first, never live leases or scheduled rows", async () => {
     const token = randomUUID();
-    const leased = await run<LeasedRow>(db.pool, fetchStatement(db.names), [
+    const leased = await run<LeasedRow>(db.pool, fetchStatement(db.names, { synchronousCommit: false }), [
       ["b"],
       50,
       token,
@@ -85,7 +85,13 @@ describe(`the lease statement on ${ROWS} rows`, () => {
     for (let id = 10; expected.length < 50; id += 10) if (id % 7 !== 0) expected.push(id);
     expect([...ids].sort((x, y) => x - y)).toEqual(expected);
     // In queue a, row 1's lease expired: it is taken over in its place in delivery order.
-    const a = await run<LeasedRow>(db.pool, fetchStatement(db.names), [["a"], 5, randomUUID(), 30_000, "w"]);
+    const a = await run<LeasedRow>(db.pool, fetchStatement(db.names, { synchronousCommit: false }), [
+      ["a"],
+      5,
+      randomUUID(),
+      30_000,
+      "w",
+    ]);
     expect(a.map((r) => Number(r.id)).sort((x, y) => x - y)).toEqual([1, 2, 3, 4, 5]);
     expect(a.find((r) => r.id === "1")?.deliveries_count).toBe(2);
   });

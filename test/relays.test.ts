@@ -36,6 +36,7 @@ function context(id: string, queue: string, key: string | null = `k-${id}`): Mes
     deliveries: 1,
     attempts: 0,
     createdAt: new Date(),
+    rawPayload: JSON.stringify(payloadOf(id)),
     signal: new AbortController().signal,
   };
 }

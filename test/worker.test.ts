@@ -1,5 +1,4 @@
 import { randomUUID } from "node:crypto";
-import pg from "pg";
 import { beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { z } from "zod";
 import { PermanentError, TransientError } from "../src/dispatch/errors.js";
@@ -8,7 +7,6 @@ import { constant } from "../src/retry/strategies.js";
 import { completeStatements } from "../src/sql/complete.js";
 import { run } from "../src/sql/executor.js";
 import { fetchStatement, type LeasedRow } from "../src/sql/fetch.js";
-import { workerSessionOptions } from "../src/worker/options.js";
 import { testDatabase } from "./helpers/database.js";
 import { nextEvent, publisherFor, until, workerFactory } from "./helpers/worker.js";
 
@@ -275,26 +273,43 @@ describe("outcomes", () => {
 });
 
 describe("lease fencing", () => {
-  it("the worker's own sessions skip the WAL flush wait unless synchronousCommit is set", async () => {
+  it("the worker's writes skip the WAL flush wait in their own transaction only, unless synchronousCommit is set", async () => {
     const serverDefault = (await db.pool.query("SHOW synchronous_commit")).rows[0].synchronous_commit;
+    expect(serverDefault).not.toBe("off");
     for (const [sync, expected] of [
       [false, "off"],
       [true, serverDefault],
     ] as const) {
-      const pool = new pg.Pool({ connectionString: db.url, max: 1, options: workerSessionOptions(sync) });
+      await publishRows("sync", 1);
+      const client = await db.pool.connect();
       try {
-        const { rows } = await pool.query("SHOW synchronous_commit");
-        expect(rows[0].synchronous_commit).toBe(expected);
+        // Inside an explicit transaction the statement's transaction-local setting stays visible until COMMIT.
+        await client.query("BEGIN");
+        const [row] = await run<LeasedRow>(client, fetchStatement(db.names, { synchronousCommit: sync }), [
+          ["sync"],
+          1,
+          randomUUID(),
+          60_000,
+          "w",
+        ]);
+        expect(row).toBeDefined();
+        expect((await client.query("SHOW synchronous_commit")).rows[0].synchronous_commit).toBe(expected);
+        await client.query("COMMIT");
+        // Never a session setting: behind a transaction pooler it would stick to a shared server connection.
+        expect((await client.query("SHOW synchronous_commit")).rows[0].synchronous_commit).toBe(
+          serverDefault,
+        );
       } finally {
-        await pool.end();
+        client.release();
       }
+      await db.pool.query(`DELETE FROM ${db.names.messages} WHERE queue = 'sync'`);
     }
   });
 
   it("the ack statement deletes only (id, token) pairs it still owns and names them when some are missing", async () => {
     await publishRows("ackq", 3);
     const token = randomUUID();
-    const leased = await run<LeasedRow>(db.pool, fetchStatement(db.names), [
+    const leased = await run<LeasedRow>(db.pool, fetchStatement(db.names, { synchronousCommit: false }), [
       ["ackq"],
       10,
       token,
@@ -302,23 +317,24 @@ describe("lease fencing", () => {
       "w",
     ]);
     const [a, b, c] = leased.map((r) => r.id);
-    const ack = completeStatements(db.names).ack;
+    const ack = completeStatements(db.names, { synchronousCommit: false }).ack;
     // A wrong token deletes nothing, and says so with an empty list (not "all").
-    expect(await run(db.pool, ack, [[a], [randomUUID()]])).toEqual([{ deleted: 0, ids: [] }]);
-    // Partly ours: only the owned rows go, and they are named.
+    expect(await run(db.pool, ack, [[a], [randomUUID()]])).toEqual([{ deleted: 0, keys: [] }]);
+    // Partly ours: only the owned rows go, and they are named by delivery (id and token), not by id: the
+    // same id may be in the batch twice, once under an older token of this worker's.
     expect(
       await run(db.pool, ack, [
-        [a, b],
-        [token, randomUUID()],
+        [a, b, a],
+        [token, randomUUID(), randomUUID()],
       ]),
-    ).toEqual([{ deleted: 1, ids: [a] }]);
+    ).toEqual([{ deleted: 1, keys: [`${a}/${token}`] }]);
     // All ours: no per-row data.
     expect(
       await run(db.pool, ack, [
         [b, c],
         [token, token],
       ]),
-    ).toEqual([{ deleted: 2, ids: null }]);
+    ).toEqual([{ deleted: 2, keys: null }]);
     expect(await count("messages")).toBe(0);
   });
 
@@ -342,7 +358,7 @@ describe("lease fencing", () => {
     // Both leases run out under the zombie (as if its heartbeat had stalled) and another worker takes over.
     await db.pool.query(`UPDATE ${db.names.messages} SET lease_expires_at = now() - interval '1 second'`);
     const token = randomUUID();
-    const taken = await run<LeasedRow>(db.pool, fetchStatement(db.names), [
+    const taken = await run<LeasedRow>(db.pool, fetchStatement(db.names, { synchronousCommit: false }), [
       ["zombie"],
       10,
       token,
@@ -360,11 +376,11 @@ describe("lease fencing", () => {
       { acquired_by: "new-owner", attempts_count: 0 },
       { acquired_by: "new-owner", attempts_count: 0 },
     ]);
-    const acked = await run(db.pool, completeStatements(db.names).ack, [
+    const acked = await run(db.pool, completeStatements(db.names, { synchronousCommit: false }).ack, [
       taken.map((r) => r.id),
       taken.map(() => token),
     ]);
-    expect(acked).toEqual([{ deleted: 2, ids: null }]);
+    expect(acked).toEqual([{ deleted: 2, keys: null }]);
   });
 
   it("a handler longer than the lease TTL runs exactly once while its heartbeat renews the lease", async () => {

@@ -15,7 +15,6 @@ import { completeStatements } from "../../src/sql/complete.js";
 import { run } from "../../src/sql/executor.js";
 import { fetchStatement } from "../../src/sql/fetch.js";
 import { outboxNames } from "../../src/sql/names.js";
-import { workerSessionOptions } from "../../src/worker/options.js";
 import { DATABASE_URL } from "../lib.js";
 import { QUEUE } from "./peer.js";
 
@@ -38,16 +37,12 @@ export async function sqlDrain(
   ORDER BY available_at, id LIMIT $2 FOR UPDATE SKIP LOCKED))
 RETURNING id, payload`,
   };
-  const fetch = fetchStatement(names);
-  const { ack } = completeStatements(names);
+  const fetch = fetchStatement(names, { synchronousCommit: false });
+  const { ack } = completeStatements(names, { synchronousCommit: false });
   const clients = await Promise.all(
     Array.from({ length: connections }, async () => {
-      // The worker's session settings (synchronous_commit off), so the ceiling does the worker's work.
-      const c = new pg.Client({
-        connectionString: DATABASE_URL,
-        application_name: "bench-sql",
-        options: workerSessionOptions(false),
-      });
+      // The worker's statements carry its setting (synchronous_commit off), so the ceiling does its work.
+      const c = new pg.Client({ connectionString: DATABASE_URL, application_name: "bench-sql" });
       await c.connect();
       return c;
     }),
@@ -63,17 +58,18 @@ RETURNING id, payload`,
             onRows(rows.length);
           } else {
             const token = randomUUID();
-            const rows = await run<{ id: string }>(c, fetch, [
-              [QUEUE],
-              SQL_BATCH,
-              token,
-              30_000,
-              "bench-sql",
-            ]);
+            const rows = await run<{ id: string }>(
+              c,
+              fetch,
+              [[QUEUE], SQL_BATCH, token, 30_000, "bench-sql"],
+              { prepared: true },
+            );
             if (rows.length === 0) return;
             onRows(rows.length);
             const ids = rows.map((r) => r.id);
-            const [gone] = await run<{ deleted: number }>(c, ack, [ids, ids.map(() => token)]);
+            const [gone] = await run<{ deleted: number }>(c, ack, [ids, ids.map(() => token)], {
+              prepared: true,
+            });
             if (gone?.deleted !== ids.length)
               throw new Error(`ack deleted ${gone?.deleted} of ${ids.length}`);
           }

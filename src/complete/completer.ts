@@ -5,14 +5,23 @@
  * was taken over by another worker (`lease_lost`) and is not touched again.
  */
 import { backoffDelay } from "../retry/strategies.js";
+import { deliveryKey } from "../sql/complete.js";
 import type { HeldRow } from "../worker/held.js";
 
 export type Outcome =
   | { kind: "ack"; held: HeldRow; durationMs: number }
-  | { kind: "retry"; held: HeldRow; delayMs: number; error: string; failed: 0 | 1; transient: boolean }
+  | {
+      kind: "retry";
+      held: HeldRow;
+      delayMs: number;
+      error: string;
+      failed: 0 | 1;
+      transient: boolean;
+      timedOut: boolean;
+    }
   | { kind: "dead"; held: HeldRow; reason: string; error: string | null; attempted: 0 | 1; failed: 0 | 1 };
 
-/** Which rows a write touched: "all" of them, or the ids of those it did (the rest were lost). */
+/** Which deliveries a write touched: "all" of them, or the `deliveryKey`s of those it did (the rest were lost). */
 export type Written = ReadonlySet<string> | "all";
 
 export interface CompleterDeps {
@@ -41,6 +50,11 @@ export class Completer {
   #idleWaiters: (() => void)[] = [];
 
   constructor(private readonly deps: CompleterDeps) {}
+
+  /** True while writes fail: outcomes wait unwritten, so their leases should not be kept alive. */
+  get failing(): boolean {
+    return this.#failures > 0;
+  }
 
   /** Outcomes accepted but not yet landed (they still hold their local slots). */
   get pending(): number {
@@ -119,7 +133,8 @@ export class Completer {
           const written = await this.#run(kind, items);
           kinds.delete(kind);
           for (const o of items) {
-            if (written === "all" || written.has(o.held.row.id)) this.deps.landed(o);
+            if (written === "all" || written.has(deliveryKey(o.held.row.id, o.held.token)))
+              this.deps.landed(o);
             else this.deps.lost(o);
           }
         }),

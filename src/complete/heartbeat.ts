@@ -4,11 +4,13 @@
  * not handed to a second worker while this one is alive. A row the renewal no longer finds was taken over:
  * the caller aborts its handler and forgets it.
  */
+import { deliveryKey } from "../sql/complete.js";
 import type { HeldRow } from "../worker/held.js";
 
 export interface HeartbeatDeps {
   intervalMs: number;
   collect(): HeldRow[];
+  /** Renews the leases; returns the `deliveryKey`s still held. */
   renew(rows: HeldRow[]): Promise<Set<string>>;
   lost(held: HeldRow): void;
   onError(error: Error, consecutive: number): void;
@@ -56,7 +58,8 @@ export class Heartbeat {
     this.#failures = 0;
     for (const held of rows) {
       // A row whose completion write started meanwhile may be gone because of that write, not a takeover.
-      if (kept.has(held.row.id) || held.writing || held.state === "done" || held.state === "lost") continue;
+      if (kept.has(deliveryKey(held.row.id, held.token))) continue;
+      if (held.writing || held.state === "done" || held.state === "lost") continue;
       this.deps.lost(held);
     }
   }

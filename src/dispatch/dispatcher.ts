@@ -1,6 +1,7 @@
 /**
- * N dispatch loops drain the local queue. Per row: refuse crash loops (max deliveries), validate the
- * payload, run the handler with an AbortSignal, and turn what happened into one outcome for the completer.
+ * N dispatch loops drain the local queue. Per row: refuse crash loops (max deliveries), parse and validate
+ * the payload, run the handler with an AbortSignal and a timeout, and turn what happened into one outcome
+ * for the completer.
  */
 import type { Outcome } from "../complete/completer.js";
 import { decide, defaultRetry, type RetryStrategy } from "../retry/strategies.js";
@@ -8,6 +9,7 @@ import { abortHeld, type HeldRow, heldSignal } from "../worker/held.js";
 import type { MessageContext, ResolvedQueue } from "../worker/options.js";
 import { classifyError, errorMessage } from "./errors.js";
 import type { LocalQueue } from "./local-queue.js";
+import { HandlerTimeoutError, isHandlerTimeout } from "./timeout.js";
 
 export interface DispatcherDeps {
   queue: LocalQueue<HeldRow>;
@@ -20,6 +22,20 @@ export interface DispatcherDeps {
   dispatched(held: HeldRow): void;
   /** A retry strategy returned something unusable; the default was used instead. */
   strategyProblem(held: HeldRow, problem: string): void;
+  /**
+   * A handler ran past its timeout: its signal was aborted and its slot freed. `stillRunning` counts the
+   * timed-out handlers whose promise has not settled yet (they ignore their signal).
+   */
+  timedOut(held: HeldRow, timeoutMs: number, stillRunning: number): void;
+}
+
+/** A handler in progress: when it times out, and how to stop waiting for it. */
+interface Running {
+  deadline: number;
+  timeoutMs: number;
+  /** Settles the dispatch loop's wait with a timeout; set while an async handler is awaited. */
+  expire: ((error: HandlerTimeoutError) => void) | undefined;
+  expired: boolean;
 }
 
 /** A class, not an object literal with a getter: one shared shape for every message's context. */
@@ -50,6 +66,10 @@ class Context implements MessageContext {
     return this.#createdAt;
   }
 
+  get rawPayload(): string {
+    return this.#held.row.payload;
+  }
+
   get signal(): AbortSignal {
     return heldSignal(this.#held);
   }
@@ -63,34 +83,77 @@ class Context implements MessageContext {
 
 export class Dispatcher {
   readonly #loops: Promise<void>[] = [];
-  readonly #running = new Set<HeldRow>();
+  readonly #running = new Map<HeldRow, Running>();
   /** Set on a stop that timed out: late outcomes are dropped, their leases left to expire. */
   #abandoned = false;
+  /** Timed-out handlers whose promise has not settled: they ignored their signal. */
+  #overdue = 0;
+  #sweeper: NodeJS.Timeout | undefined;
+  readonly #sweepMs: number;
 
-  constructor(private readonly deps: DispatcherDeps) {}
+  constructor(private readonly deps: DispatcherDeps) {
+    // One timer for all handlers instead of one per message: a timeout fires within a quarter of itself
+    // (at most a second) of its deadline, and costs nothing per message.
+    const shortest = Math.min(...[...deps.queues.values()].map((q) => q.timeoutMs));
+    this.#sweepMs = Math.max(5, Math.min(1000, Math.floor(shortest / 4)));
+  }
 
   get running(): ReadonlySet<HeldRow> {
-    return this.#running;
+    return new Set(this.#running.keys());
   }
 
   start(): void {
     for (let i = 0; i < this.deps.concurrency; i++) this.#loops.push(this.#loop());
+    this.#sweeper = setInterval(() => this.#sweep(), this.#sweepMs);
+    // The fetch loop keeps a running worker's process alive; this timer alone must not.
+    this.#sweeper.unref();
   }
 
   /** Resolves when every loop has ended (the queue is closed and empty, and handlers returned). */
   done(): Promise<void> {
-    return Promise.all(this.#loops).then(() => undefined);
+    return Promise.all(this.#loops).then(() => {
+      clearInterval(this.#sweeper);
+    });
   }
 
-  /** Abort the handlers still running and drop their outcomes; returns their ids. */
-  abandon(reason: Error): string[] {
+  /** Abort the handlers still running and drop their outcomes; returns them. */
+  abandon(reason: Error): HeldRow[] {
     this.#abandoned = true;
-    const ids: string[] = [];
-    for (const held of this.#running) {
-      ids.push(held.row.id);
-      abortHeld(held, reason);
+    clearInterval(this.#sweeper);
+    const abandoned = [...this.#running.keys()];
+    for (const held of abandoned) abortHeld(held, reason);
+    return abandoned;
+  }
+
+  /** Time out overdue handlers: abort their signal and stop waiting for them, so their slot is freed. */
+  #sweep(): void {
+    const now = performance.now();
+    for (const [held, running] of this.#running) {
+      if (running.expired || now < running.deadline || running.expire === undefined) continue;
+      running.expired = true;
+      this.#overdue++;
+      const error = new HandlerTimeoutError(running.timeoutMs);
+      abortHeld(held, error);
+      running.expire(error);
+      this.deps.timedOut(held, running.timeoutMs, this.#overdue);
     }
-    return ids;
+  }
+
+  /** Wait for an async handler, or for its timeout, whichever comes first. */
+  #settle(result: PromiseLike<unknown>, running: Running): Promise<unknown> {
+    return new Promise((resolve, reject) => {
+      running.expire = reject;
+      result.then(
+        (value) => {
+          if (running.expired) this.#overdue--;
+          resolve(value);
+        },
+        (error: unknown) => {
+          if (running.expired) this.#overdue--;
+          reject(error);
+        },
+      );
+    });
   }
 
   async #loop(): Promise<void> {
@@ -123,23 +186,36 @@ export class Dispatcher {
     if (row.deliveries_count > this.deps.maxDeliveries) {
       return dead("max_deliveries", `leased ${row.deliveries_count} times (max ${this.deps.maxDeliveries})`);
     }
-    let payload = row.payload;
-    if (queue.schema) {
-      const parsed = queue.schema.safeParse(row.payload);
-      if (!parsed.success) {
-        const problems = parsed.error.issues.map((i) => `${i.path.join(".") || "(payload)"}: ${i.message}`);
-        return dead("invalid_payload", problems.join("; "));
+    // Raw queues (relays) get the stored text as it is: no parse, so no digit of a big number is lost.
+    let payload: unknown = row.payload;
+    if (!queue.rawPayload) {
+      // jsonb's own output: it always parses.
+      payload = JSON.parse(row.payload);
+      if (queue.schema) {
+        const parsed = queue.schema.safeParse(payload);
+        if (!parsed.success) {
+          const problems = parsed.error.issues.map((i) => `${i.path.join(".") || "(payload)"}: ${i.message}`);
+          return dead("invalid_payload", problems.join("; "));
+        }
+        payload = parsed.data;
       }
-      payload = parsed.data;
     }
 
     held.state = "running";
     held.startedAt = performance.now();
-    this.#running.add(held);
+    const running: Running = {
+      deadline: held.startedAt + queue.timeoutMs,
+      timeoutMs: queue.timeoutMs,
+      expire: undefined,
+      expired: false,
+    };
+    this.#running.set(held, running);
     this.deps.dispatched(held);
     const context = new Context(held);
     try {
-      await queue.handler(payload, context);
+      const result = queue.handler(payload, context);
+      // Only a promise can time out (a synchronous handler has already returned); no wrapper otherwise.
+      if (isThenable(result)) await this.#settle(result, running);
       return { kind: "ack", held, durationMs: performance.now() - held.startedAt };
     } catch (error) {
       return this.#failure(held, queue, error);
@@ -154,10 +230,12 @@ export class Dispatcher {
     if (kind === "permanent") {
       return { kind: "dead", held, reason: "rejected", error: message, attempted: 1, failed: 1 };
     }
+    const timedOut = isHandlerTimeout(error);
+    const exhausted = timedOut ? "timeout" : "retries_exhausted";
     const failed = kind === "transient" ? 0 : 1;
     const failures = held.row.failures_count + failed;
     if (failed && failures >= queue.maxAttempts) {
-      return { kind: "dead", held, reason: "retries_exhausted", error: message, attempted: 1, failed: 1 };
+      return { kind: "dead", held, reason: exhausted, error: message, attempted: 1, failed: 1 };
     }
     const { decision, problem } = decide(queue.retry ?? this.deps.retry ?? defaultRetry, {
       attempts: held.row.attempts_count + 1,
@@ -168,7 +246,7 @@ export class Dispatcher {
     });
     if (problem) this.deps.strategyProblem(held, problem);
     if (decision === "stop") {
-      return { kind: "dead", held, reason: "retries_exhausted", error: message, attempted: 1, failed };
+      return { kind: "dead", held, reason: exhausted, error: message, attempted: 1, failed };
     }
     return {
       kind: "retry",
@@ -177,6 +255,15 @@ export class Dispatcher {
       error: message,
       failed,
       transient: kind === "transient",
+      timedOut,
     };
   }
+}
+
+function isThenable(value: unknown): value is PromiseLike<unknown> {
+  return (
+    value !== null &&
+    (typeof value === "object" || typeof value === "function") &&
+    typeof (value as { then?: unknown }).then === "function"
+  );
 }

@@ -25,6 +25,12 @@ export interface PublishItem<P> extends PublishOptions {
 const publisherOptionsSchema = z.strictObject({
   schema: z.string().default(DEFAULT_SCHEMA),
   maxPayloadBytes: z.number().int().positive().default(DEFAULT_MAX_PAYLOAD_BYTES),
+  /**
+   * Named prepared statements on the caller's connection. Off by default: `publish` runs on whatever
+   * connection the caller hands it, and behind a transaction-mode pooler (PgBouncer) a named statement
+   * prepared on one server connection is missing, or already there, on the next.
+   */
+  preparedStatements: z.boolean().default(false),
   notify: z
     .union([
       z.boolean(),
@@ -91,6 +97,7 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
   const config = parsed.data;
   const names = outboxNames(config.schema);
   const sql = produceStatements(names);
+  const statementOptions = { prepared: config.preparedStatements };
   const notify = config.notify === true ? { cooldownMs: 2, connection: undefined } : config.notify;
   const trailingConnection = notify ? notify.connection : undefined;
   const throttle = notify
@@ -99,7 +106,7 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
         trailing: trailingConnection
           ? (queue) => {
               // A lost hint costs latency only: the worker's poll still finds the rows.
-              run(trailingConnection, sql.notify, [names.channel, queue]).catch(() => {});
+              run(trailingConnection, sql.notify, [names.channel, queue], statementOptions).catch(() => {});
             }
           : undefined,
       })
@@ -129,8 +136,8 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
       ];
       const wake = throttle?.claim(queue.name) ?? false;
       const rows = wake
-        ? await run<InsertedRow>(trx, sql.insertOneNotify, [...values, names.channel])
-        : await run<InsertedRow>(trx, sql.insertOne, values);
+        ? await run<InsertedRow>(trx, sql.insertOneNotify, [...values, names.channel], statementOptions)
+        : await run<InsertedRow>(trx, sql.insertOne, values, statementOptions);
       const id = rows[0]?.id;
       if (id === undefined) throw new Error("outbox insert returned no id");
       return String(id);
@@ -148,8 +155,13 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
       const batch = `[${encoded.join(",")}]`;
       const wake = throttle?.claim(queue.name) ?? false;
       const rows = wake
-        ? await run<InsertedRow>(trx, sql.insertManyNotify, [queue.name, batch, names.channel])
-        : await run<InsertedRow>(trx, sql.insertMany, [queue.name, batch]);
+        ? await run<InsertedRow>(
+            trx,
+            sql.insertManyNotify,
+            [queue.name, batch, names.channel],
+            statementOptions,
+          )
+        : await run<InsertedRow>(trx, sql.insertMany, [queue.name, batch], statementOptions);
       if (rows.length !== items.length)
         throw new Error(`outbox insert returned ${rows.length} ids for ${items.length} rows`);
       return rows.map((r) => String(r.id));

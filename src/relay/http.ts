@@ -9,17 +9,14 @@ import type { Relay, RelayDeps } from "./relay.js";
 const SNIPPET_CHARS = 200;
 const SNIPPET_BYTES = 2048;
 
-/** The JSON body of every request; `createdAt` is ISO 8601. */
-export function httpRelayBody(payload: unknown, message: MessageContext): string {
+/**
+ * The JSON body of every request; `createdAt` is ISO 8601. The payload is spliced in as its stored JSON
+ * text, byte for byte: parsing and re-serialising it would round numbers beyond 2^53.
+ */
+export function httpRelayBody(message: MessageContext): string {
   const { id, queue, key, headers, createdAt } = message;
-  return JSON.stringify({
-    id,
-    queue,
-    key,
-    headers,
-    payload: payload ?? null,
-    createdAt: createdAt.toISOString(),
-  });
+  const head = JSON.stringify({ id, queue, key, headers });
+  return `${head.slice(0, -1)},"payload":${message.rawPayload},"createdAt":${JSON.stringify(createdAt.toISOString())}}`;
 }
 
 /** `sha256=<hex>` of the exact body bytes: what a receiver recomputes with the shared secret. */
@@ -44,9 +41,9 @@ export async function createHttpRelay(
   const closing = new AbortController();
   deps.logger.child({ relay: "http" }).info({ target }, "http relay ready");
 
-  const handler = async (payload: unknown, message: MessageContext): Promise<void> => {
+  const handler = async (_payload: unknown, message: MessageContext): Promise<void> => {
     if (closing.signal.aborted) throw new TransientError(`${target}: relay is closed`);
-    const body = httpRelayBody(payload, message);
+    const body = httpRelayBody(message);
     const headers = new Headers(config.headers);
     headers.set("content-type", "application/json");
     headers.set("x-outbox-id", message.id);

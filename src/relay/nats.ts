@@ -31,7 +31,7 @@ interface NatsSession {
 }
 
 /**
- * Publishes each message's payload (JSON) to JetStream with the outbox id as `Nats-Msg-Id`, so the server
+ * Publishes each message's payload (its stored JSON text, unchanged) to JetStream with the outbox id as `Nats-Msg-Id`, so the server
  * drops a redelivered id within the stream's duplicate window (2 minutes by default): exactly once per
  * window. Message headers travel as NATS headers (JetStream's own `Nats-*` ones are dropped), plus
  * `Outbox-Queue`, `Outbox-Key` and `Outbox-Created-At`.
@@ -90,11 +90,12 @@ export async function createNatsRelay(
     logger.warn({ error: errorMessage(error) }, "nats unreachable at startup; messages will be retried");
   });
 
-  const handler = async (payload: unknown, message: MessageContext): Promise<void> => {
+  const handler = async (_payload: unknown, message: MessageContext): Promise<void> => {
     const subject = renderTarget(config.subject, message.queue);
     const session = await connection.get();
     if (!session.connected) throw new TransientError(`${what}: disconnected, reconnecting`);
-    const data = new TextEncoder().encode(JSON.stringify(payload ?? null));
+    // The stored JSON text, byte for byte: a re-serialised payload would round numbers beyond 2^53.
+    const data = Buffer.from(message.rawPayload);
     let headers: MsgHdrs;
     try {
       headers = messageHeaders(message);

@@ -21,7 +21,7 @@ interface RabbitSession {
 }
 
 /**
- * Publishes each message's payload (JSON) persistent and mandatory on a confirm channel, with the outbox
+ * Publishes each message's payload (its stored JSON text, unchanged) persistent and mandatory on a confirm channel, with the outbox
  * id as `messageId`, and resolves only once the broker confirmed it. RabbitMQ cannot dedupe by
  * messageId: a redelivered message is published again, so consumers dedupe by `messageId`. Message headers
  * go in the AMQP headers, plus `x-outbox-queue` and `x-outbox-key`.
@@ -98,11 +98,12 @@ export async function createRabbitmqRelay(
     logger.warn({ error: errorMessage(error) }, "rabbitmq unreachable at startup; messages will be retried");
   });
 
-  const handler = async (payload: unknown, message: MessageContext): Promise<void> => {
+  const handler = async (_payload: unknown, message: MessageContext): Promise<void> => {
     const routingKey = renderTarget(config.routingKey, message.queue);
     const target = `${what} exchange "${config.exchange}" routing key "${routingKey}"`;
     const session = await connection.get();
-    const content = Buffer.from(JSON.stringify(payload ?? null));
+    // The stored JSON text, byte for byte: a re-serialised payload would round numbers beyond 2^53.
+    const content = Buffer.from(message.rawPayload);
     const headers: Record<string, string> = { ...message.headers, "x-outbox-queue": message.queue };
     if (message.key !== null) headers["x-outbox-key"] = message.key;
     const confirmed = new Promise<void>((resolve, reject) => {

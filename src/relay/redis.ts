@@ -12,7 +12,7 @@ const MAX_RECONNECT_DELAY_MS = 2000;
 
 /**
  * XADDs each message to a Redis stream (`MAXLEN ~ maxLen`) with the fields `id`, `queue`, `key` (left
- * out when null), `headers` (JSON), `payload` (JSON) and `createdAt` (ISO 8601). Streams cannot dedupe
+ * out when null), `headers` (JSON), `payload` (the stored JSON text, unchanged) and `createdAt` (ISO 8601). Streams cannot dedupe
  * by our id: a redelivered message is added again, so consumers dedupe by the `id` field. Every failure
  * is transient: an unreachable server, a timeout, or an error reply such as WRONGTYPE (a configuration
  * mistake, logged, must not dead-letter messages).
@@ -49,7 +49,7 @@ export async function createRedisRelay(
     logger.warn({ error: errorMessage(error) }, "redis unreachable at startup; messages will be retried");
   }
 
-  const handler = async (payload: unknown, message: MessageContext): Promise<void> => {
+  const handler = async (_payload: unknown, message: MessageContext): Promise<void> => {
     const stream = renderTarget(config.stream, message.queue);
     const fields = ["id", message.id, "queue", message.queue];
     if (message.key !== null) fields.push("key", message.key);
@@ -57,7 +57,8 @@ export async function createRedisRelay(
       "headers",
       JSON.stringify(message.headers),
       "payload",
-      JSON.stringify(payload ?? null),
+      // The stored JSON text, byte for byte: a re-serialised payload would round numbers beyond 2^53.
+      message.rawPayload,
       "createdAt",
       message.createdAt.toISOString(),
     );

@@ -4,14 +4,14 @@ import { type EmbeddedPostgresHandle, startEmbeddedPostgres } from "../embedded/
 import { migrate } from "../migrate/migrator.js";
 import { createRelay } from "../relay/create-relay.js";
 import type { Relay } from "../relay/relay.js";
-import { redactConnectionString } from "../util/redact.js";
-import { workerSessionOptions } from "../worker/options.js";
+import { redactConnectionString, registerUrlSecrets } from "../util/redact.js";
 import { createWorker, type StopResult, type Worker } from "../worker/worker.js";
 import { ConfigError, type ServiceConfig } from "./config.js";
 import { loadHandlersModule, type QueueHandlers } from "./handlers-module.js";
 import { startHttpServer } from "./http-server.js";
 import { createMetrics } from "./metrics.js";
 import { createReadiness } from "./readiness.js";
+import { registerConfigSecrets } from "./secrets.js";
 
 export interface RunningService {
   worker: Worker;
@@ -23,6 +23,8 @@ export interface RunningService {
 
 /** Everything `outbox-worker run` starts, in dependency order; `stop` closes it in reverse. */
 export async function startService(config: ServiceConfig, log: Logger): Promise<RunningService> {
+  // First, so that no log line or stored error of this process can show one of them.
+  registerConfigSecrets(config);
   // Handlers and relays first: a wrong module or relay is a config error, reported before connecting.
   const handlers: QueueHandlers = config.handlers ? await loadHandlersModule(config.handlers) : {};
   const clash = Object.keys(config.relays).filter((q) => q in handlers);
@@ -56,6 +58,7 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
       });
       closers.push(() => (embedded as EmbeddedPostgresHandle).stop());
       url = embedded.url;
+      registerUrlSecrets(url);
     }
     log.info({ database: redactConnectionString(url), schema: config.schema }, "database");
     if (config.migrate || embedded) {
@@ -69,7 +72,8 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
     for (const [queue, relayConfig] of Object.entries(config.relays)) {
       const relay = await createRelay(relayConfig, { logger: log.child({ relay: relayConfig.type, queue }) });
       relays.push(relay);
-      queues[queue] = relay.handler;
+      // Relays forward the stored JSON text as it is: no parse, no lost digits.
+      queues[queue] = { handler: relay.handler, rawPayload: true };
     }
 
     const pool = new pg.Pool({
@@ -77,8 +81,6 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
       max: 8,
       application_name: "outbox-worker",
       keepAlive: true,
-      // The worker's writes on this pool (readiness and metrics only read).
-      options: workerSessionOptions(config.worker.synchronousCommit),
     });
     pool.on("error", (error) =>
       log.warn({ err: error }, "idle database connection failed; the pool replaces it"),

@@ -2,7 +2,12 @@ import { CompiledQuery } from "kysely";
 
 /** Anything with pg's `query(config)`: a `pg.Client`, a `PoolClient` or a `Pool`. */
 export interface PgQueryable {
-  query(config: { text: string; values?: unknown[]; name?: string }): Promise<{ rows: unknown[] }>;
+  query(config: {
+    text: string;
+    values?: unknown[];
+    name?: string;
+    query_timeout?: number;
+  }): Promise<{ rows: unknown[] }>;
 }
 
 /** A Kysely instance or transaction; only `executeQuery` is used, so any dialect-free Kysely works. */
@@ -29,13 +34,49 @@ export function isExecutor(value: unknown): value is Executor {
   return typeof v.executeQuery === "function" || typeof v.query === "function";
 }
 
-export async function run<Row>(executor: Executor, statement: Statement, values: unknown[]): Promise<Row[]> {
+export interface RunOptions {
+  /**
+   * Run as a named prepared statement, kept by pg on its connection (parsed and planned once). Off, the
+   * statement is unnamed: parsed and planned every time, but it works on any connection, including one
+   * behind a transaction-mode pooler (PgBouncer), where a named statement prepared on one server
+   * connection is missing on the next ("prepared statement … does not exist" / "already exists").
+   */
+  prepared?: boolean;
+  /**
+   * Fail the round trip after this long (pg's query_timeout). pg then destroys the connection instead of
+   * returning it to the pool: on a half-open socket the answer may never come, and nothing else would end it.
+   */
+  timeoutMs?: number;
+}
+
+export async function run<Row>(
+  executor: Executor,
+  statement: Statement,
+  values: unknown[],
+  options: RunOptions = {},
+): Promise<Row[]> {
   if (isKysely(executor)) {
     const result = await executor.executeQuery(CompiledQuery.raw(statement.text, values));
     return result.rows as Row[];
   }
-  const result = await executor.query({ name: statement.name, text: statement.text, values });
+  const result = await executor.query({
+    name: options.prepared ? statement.name : undefined,
+    text: statement.text,
+    values,
+    query_timeout: options.timeoutMs,
+  });
   return result.rows as Row[];
+}
+
+/** SQLSTATEs that say named prepared statements do not survive on this connection: a transaction pooler. */
+const POOLER_STATEMENT_ERRORS: ReadonlySet<string> = new Set([
+  "26000", // invalid_sql_statement_name: prepared statement "…" does not exist
+  "42P05", // duplicate_prepared_statement: prepared statement "…" already exists
+]);
+
+export function isPreparedStatementLost(error: unknown): boolean {
+  const code = (error as { code?: unknown } | null)?.code;
+  return typeof code === "string" && POOLER_STATEMENT_ERRORS.has(code);
 }
 
 /** Name a statement by a short hash of its text: the same text always gets the same prepared name. */

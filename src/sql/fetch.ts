@@ -1,12 +1,18 @@
 import { type Statement, statement } from "./executor.js";
 import type { OutboxNames } from "./names.js";
 import type { MessageColumns } from "./rows.js";
+import { type StatementSettings, settingsCte } from "./settings.js";
 
 /**
  * A leased row, as the fetch statement returns it: only what dispatch reads (every column costs per row).
- * `created_at` comes as epoch seconds: pg parses a float far faster than a timestamp string.
+ * `created_at` comes as epoch seconds: pg parses a float far faster than a timestamp string. The payload
+ * comes as the stored JSON text, unparsed: relays forward it byte for byte (a number beyond 2^53 survives),
+ * and it is parsed only for handlers that take a parsed payload.
  */
-export type LeasedRow = Omit<MessageColumns, "available_at" | "created_at"> & { created_epoch: number };
+export type LeasedRow = Omit<MessageColumns, "available_at" | "created_at" | "payload"> & {
+  created_epoch: number;
+  payload: string;
+};
 
 /**
  * Lease up to $2 rows of the queues in $1 whose lease is unset or expired and whose time has come, oldest
@@ -19,11 +25,12 @@ export type LeasedRow = Omit<MessageColumns, "available_at" | "created_at"> & { 
  * back as an array so the UPDATE finds them by primary key: joining the CTE instead lets a generic plan
  * choose a hash join over a full scan of the table.
  */
-export function fetchStatement(names: OutboxNames): Statement {
+export function fetchStatement(names: OutboxNames, settings: StatementSettings): Statement {
   const m = names.messages;
+  const cte = settingsCte(settings);
   return statement(
     "lease",
-    `WITH expired AS (
+    `WITH ${cte === "" ? "" : `${cte}, `}expired AS (
   SELECT c.id, c.available_at FROM unnest($1::text[]) AS q(queue)
   CROSS JOIN LATERAL (
     SELECT id, available_at FROM ${m}
@@ -51,9 +58,9 @@ SET acquired_token = $3::uuid,
     acquired_at = now(),
     lease_expires_at = now() + $4::double precision * interval '1 millisecond',
     acquired_by = $5,
-    deliveries_count = t.deliveries_count + 1
+    deliveries_count = t.deliveries_count + 1${cte === "" ? "" : "\nFROM settings"}
 WHERE t.id = ANY (ARRAY(SELECT id FROM picked))
-RETURNING t.id::text AS id, t.queue, t.payload, t.headers, t.key, date_part('epoch', t.created_at) AS created_epoch,
+RETURNING t.id::text AS id, t.queue, t.payload::text AS payload, t.headers, t.key, date_part('epoch', t.created_at) AS created_epoch,
           t.deliveries_count, t.attempts_count, t.failures_count, t.first_attempt_at, t.last_attempt_at`,
   );
 }

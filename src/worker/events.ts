@@ -9,9 +9,20 @@ export interface WorkerEvents {
   fetched: { count: number };
   dispatched: { id: string; queue: string; deliveries: number };
   acked: { id: string; queue: string; durationMs: number };
-  retried: { id: string; queue: string; delayMs: number; error: string; transient: boolean };
+  retried: {
+    id: string;
+    queue: string;
+    delayMs: number;
+    error: string;
+    transient: boolean;
+    /** The attempt ended because the handler ran past its timeout. */
+    timedOut: boolean;
+  };
   dead_lettered: { id: string; queue: string; reason: string; error: string | null };
-  lease_lost: { id: string; queue: string; phase: LeasePhase };
+  /** `deliveries` tells which delivery of the row lost its lease (the same worker may hold a newer one). */
+  lease_lost: { id: string; queue: string; deliveries: number; phase: LeasePhase };
+  /** `stillRunning`: timed-out handlers that ignored their signal and have not returned yet. */
+  handler_timeout: { id: string; queue: string; timeoutMs: number; stillRunning: number };
   released: { count: number };
   listener: { state: ListenerState; detail?: string };
   loop_error: { loop: LoopName; error: Error; consecutive: number };

@@ -18,7 +18,15 @@ export interface MessageContext {
   /** Handler attempts that ended before this one. */
   attempts: number;
   createdAt: Date;
-  /** Fires when the worker's stop timeout passes or this worker lost the lease: stop work, nothing will be saved. */
+  /**
+   * The payload exactly as stored (jsonb's JSON text). Read it when numbers may exceed 2^53: the parsed
+   * payload holds them as doubles, this text holds every digit.
+   */
+  rawPayload: string;
+  /**
+   * Fires when the handler's timeout passes, the worker's stop timeout passes, or this worker lost the
+   * lease: stop work, nothing will be saved.
+   */
   signal: AbortSignal;
 }
 
@@ -31,19 +39,16 @@ export interface QueueConfig<P = unknown> {
   retry?: RetryStrategy;
   /** Failures (transient ones excluded) after which a message is dead-lettered as retries_exhausted. */
   maxAttempts?: number;
+  /** This queue's handler timeout (overrides the worker's `handlerTimeoutMs`). */
+  timeoutMs?: number;
+  /**
+   * Hand the handler the stored JSON text as its payload, unparsed and unvalidated (the built-in relays
+   * do: bytes in, bytes out, and no parse per message). Not with `schema`.
+   */
+  rawPayload?: boolean;
 }
 
 const positiveMs = (max: number) => z.number().int().positive().max(max);
-
-/**
- * Startup options for the connections a worker opens itself. Its writes (lease, ack, retry, dead letter)
- * commit without waiting for the WAL flush unless `synchronousCommit`: a server crash can then undo the
- * last few hundred ms of them, which only redelivers messages (at least once holds), and every lease and
- * ack returns a flush (~0.1–1 ms) sooner. Producers' transactions are never affected.
- */
-export function workerSessionOptions(synchronousCommit: boolean): string | undefined {
-  return synchronousCommit ? undefined : "-c synchronous_commit=off";
-}
 
 /**
  * The worker's tuning knobs: one schema shared by `createWorker` and the service config, so a field means
@@ -58,6 +63,9 @@ export const workerTuningShape = {
   maxPollIntervalMs: positiveMs(3_600_000).default(2000),
   listen: z.boolean().default(true),
   synchronousCommit: z.boolean().default(false),
+  preparedStatements: z.boolean().default(true),
+  queryTimeoutMs: z.number().int().min(100).max(3_600_000).optional(),
+  handlerTimeoutMs: z.number().int().min(1).max(86_400_000).default(300_000),
   maxDeliveries: z.number().int().min(1).max(1_000_000).default(25),
   maxAttempts: z.number().int().min(1).max(1_000_000).default(10),
   completionBatchSize: z.number().int().min(1).max(10_000).default(1000),
@@ -84,6 +92,13 @@ export function tuningIssues(o: WorkerTuning): TuningIssue[] {
       message: `must be at most half of leaseTtlMs (${o.leaseTtlMs}), got ${o.heartbeatMs}`,
     });
   }
+  // A round trip that may outlast the lease would let a wedged statement outlive the row's ownership.
+  if (o.queryTimeoutMs !== undefined && o.queryTimeoutMs * 2 > o.leaseTtlMs) {
+    issues.push({
+      path: ["queryTimeoutMs"],
+      message: `must be at most half of leaseTtlMs (${o.leaseTtlMs}), got ${o.queryTimeoutMs}`,
+    });
+  }
   if (o.minPollIntervalMs > o.maxPollIntervalMs) {
     issues.push({
       path: ["minPollIntervalMs"],
@@ -103,6 +118,8 @@ const queueConfigSchema = z.strictObject({
     .custom<RetryStrategy>((v) => typeof v === "function", "must be a retry strategy function")
     .optional(),
   maxAttempts: z.number().int().min(1).max(1_000_000).optional(),
+  timeoutMs: z.number().int().min(1).max(86_400_000).optional(),
+  rawPayload: z.boolean().optional(),
 });
 
 const optionsSchema = z
@@ -141,7 +158,7 @@ const optionsSchema = z
     } catch (error) {
       ctx.addIssue({ code: "custom", path: ["schema"], message: (error as OutboxConfigError).reason });
     }
-    for (const name of Object.keys(o.queues)) {
+    for (const [name, def] of Object.entries(o.queues)) {
       try {
         validateQueueName(name);
       } catch (error) {
@@ -149,6 +166,13 @@ const optionsSchema = z
           code: "custom",
           path: ["queues", name],
           message: (error as OutboxConfigError).reason,
+        });
+      }
+      if (typeof def === "object" && def.rawPayload && def.schema) {
+        ctx.addIssue({
+          code: "custom",
+          path: ["queues", name, "rawPayload"],
+          message: "a raw payload is not validated: give rawPayload or schema, not both",
         });
       }
     }
@@ -163,13 +187,27 @@ export interface ResolvedQueue {
   schema: z.ZodType | undefined;
   retry: RetryStrategy | undefined;
   maxAttempts: number;
+  timeoutMs: number;
+  rawPayload: boolean;
 }
 
-export type ResolvedOptions = Omit<z.output<typeof optionsSchema>, "queues" | "heartbeatMs" | "workerId"> & {
+export type ResolvedOptions = Omit<
+  z.output<typeof optionsSchema>,
+  "queues" | "heartbeatMs" | "workerId" | "queryTimeoutMs"
+> & {
   queues: Map<string, ResolvedQueue>;
   heartbeatMs: number;
+  queryTimeoutMs: number;
   workerId: string;
 };
+
+/**
+ * The default bound on one database round trip: a third of the lease, at most 10 s. A statement stuck that
+ * long is on a dead connection (a query of the worker takes milliseconds), and what it held is retried.
+ */
+export function defaultQueryTimeoutMs(leaseTtlMs: number): number {
+  return Math.min(10_000, Math.floor(leaseTtlMs / 3));
+}
 
 /** Parse and cross-check worker options; every problem is reported with its field, before anything connects. */
 export function resolveWorkerOptions(input: WorkerOptions): ResolvedOptions {
@@ -193,12 +231,15 @@ export function resolveWorkerOptions(input: WorkerOptions): ResolvedOptions {
       schema: "schema" in config ? (config.schema as z.ZodType | undefined) : undefined,
       retry: "retry" in config ? config.retry : undefined,
       maxAttempts: ("maxAttempts" in config ? config.maxAttempts : undefined) ?? o.maxAttempts,
+      timeoutMs: ("timeoutMs" in config ? config.timeoutMs : undefined) ?? o.handlerTimeoutMs,
+      rawPayload: ("rawPayload" in config ? config.rawPayload : undefined) ?? false,
     });
   }
   return {
     ...o,
     queues,
     heartbeatMs: o.heartbeatMs ?? Math.max(250, Math.floor(o.leaseTtlMs / 3)),
+    queryTimeoutMs: o.queryTimeoutMs ?? defaultQueryTimeoutMs(o.leaseTtlMs),
     workerId: o.workerId ?? `${hostname()}/${process.pid}/${Math.random().toString(36).slice(2, 6)}`,
   };
 }
@@ -210,7 +251,7 @@ export function resolveWorkerOptions(input: WorkerOptions): ResolvedOptions {
 export function handle<I, O>(
   queue: QueueDefinition<I, O>,
   handler: Handler<O>,
-  options: Omit<QueueConfig<O>, "handler" | "schema"> = {},
+  options: Omit<QueueConfig<O>, "handler" | "schema" | "rawPayload"> = {},
 ): QueueConfig {
   return { ...options, handler: handler as Handler, schema: queue.schema as z.ZodType | undefined };
 }

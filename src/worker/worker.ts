@@ -7,8 +7,8 @@ import { Dispatcher } from "../dispatch/dispatcher.js";
 import { LocalQueue } from "../dispatch/local-queue.js";
 import { Fetcher } from "../fetch/fetcher.js";
 import { createNotifier, type Notifier } from "../notify/notifier.js";
-import { type AckRow, completeStatements, type IdRow } from "../sql/complete.js";
-import { plainArray, run } from "../sql/executor.js";
+import { type AckRow, completeStatements, type KeyRow } from "../sql/complete.js";
+import { isPreparedStatementLost, plainArray, run, type Statement } from "../sql/executor.js";
 import { fetchStatement, type LeasedRow } from "../sql/fetch.js";
 import { outboxNames } from "../sql/names.js";
 import { redactConnectionString } from "../util/redact.js";
@@ -20,12 +20,7 @@ import {
   type WorkerEvents,
 } from "./events.js";
 import { abortHeld, type HeldRow } from "./held.js";
-import {
-  type ResolvedOptions,
-  resolveWorkerOptions,
-  type WorkerOptions,
-  workerSessionOptions,
-} from "./options.js";
+import { type ResolvedOptions, resolveWorkerOptions, type WorkerOptions } from "./options.js";
 
 export interface StopResult {
   /** True when every handler finished within the timeout and every outcome was written. */
@@ -70,8 +65,9 @@ async function within(promise: Promise<unknown>, ms: number): Promise<boolean> {
 export function createWorker(input: WorkerOptions): Worker {
   const options: ResolvedOptions = resolveWorkerOptions(input);
   const names = outboxNames(options.schema);
-  const fetchSql = fetchStatement(names);
-  const sql = completeStatements(names);
+  const settings = { synchronousCommit: options.synchronousCommit };
+  const fetchSql = fetchStatement(names, settings);
+  const sql = completeStatements(names, settings);
   const logger: Logger =
     options.logger === false
       ? pino({ level: "silent" })
@@ -85,7 +81,10 @@ export function createWorker(input: WorkerOptions): Worker {
   // Twice what one fetch or the dispatch loops need, so the next fetch runs while acks are still in flight
   // instead of waiting for them to free slots (a drain otherwise alternates fetch and ack round trips).
   const capacity = 2 * Math.max(options.batchSize, options.concurrency);
-  const held = new Map<string, HeldRow>();
+  // Deliveries, not rows: after its own lease ran out this worker can hold the same row twice (the old
+  // delivery still running, the new one leased again). Keyed by the object, a late outcome or cleanup of
+  // the old one can never remove the new one's entry (which would stop its heartbeat).
+  const held = new Set<HeldRow>();
   const queue = new LocalQueue<HeldRow>(capacity);
 
   let pool: pg.Pool | undefined;
@@ -123,26 +122,45 @@ export function createWorker(input: WorkerOptions): Worker {
     void stop({ timeoutMs: Math.min(options.stopTimeoutMs, 5000) });
   }
 
-  const db = () => {
+  let prepared = options.preparedStatements;
+  /**
+   * Every statement of the worker, bounded by queryTimeoutMs: on a half-open socket (a black-holed network,
+   * a failover) an answer never comes and nothing else would end the wait; pg then destroys the connection.
+   */
+  async function query<Row>(statement: Statement, values: unknown[]): Promise<Row[]> {
     if (!pool) throw new Error("worker is not started");
-    return pool;
-  };
+    try {
+      return await run<Row>(pool, statement, values, { prepared, timeoutMs: options.queryTimeoutMs });
+    } catch (error) {
+      if (prepared && isPreparedStatementLost(error)) {
+        // A transaction-mode pooler hands each statement to any server connection: named statements
+        // cannot work there. The failed write is retried (the token makes a repeat harmless).
+        prepared = false;
+        log.warn(
+          { err: error },
+          "named prepared statements are lost between statements: a transaction-mode pooler (PgBouncer) is in between; using unnamed statements from now on (set preparedStatements: false to start that way)",
+        );
+      }
+      throw error;
+    }
+  }
   // Ids come back from our fetch as decimal text and tokens are our own UUIDs: both are safe unquoted.
   const pairs = (rows: HeldRow[]) => [
     plainArray(rows.map((h) => h.row.id)),
     plainArray(rows.map((h) => h.token)),
   ];
-  const ids = (rows: IdRow[]) => new Set(rows.map((r) => String(r.id)));
+  const keys = (rows: KeyRow[]) => new Set(rows.map((r) => r.key));
 
   function forget(h: HeldRow, phase: LeasePhase) {
     if (h.state === "lost" || h.state === "done") return;
     h.state = "lost";
     abortHeld(h, new Error("lease lost: another worker took this message over"));
-    held.delete(h.row.id);
+    held.delete(h);
     queue.remove((x) => x === h);
     completer.forget(h);
-    log.warn({ id: h.row.id, queue: h.row.queue, phase }, "lease lost; the newer owner wins");
-    emitter.emit("lease_lost", { id: h.row.id, queue: h.row.queue, phase });
+    const { id, queue: q, deliveries_count: deliveries } = h.row;
+    log.warn({ id, queue: q, deliveries, phase }, "lease lost; the newer owner wins");
+    emitter.emit("lease_lost", { id, queue: q, deliveries, phase });
   }
 
   const completer = new Completer({
@@ -152,12 +170,12 @@ export function createWorker(input: WorkerOptions): Worker {
     backoffMaxMs: options.loopBackoffMaxMs,
     maxConsecutiveFailures: options.maxConsecutiveFailures,
     ack: async (items) => {
-      const [result] = await run<AckRow>(db(), sql.ack, pairs(items.map((o) => o.held)));
-      return result?.ids ? new Set(result.ids) : "all";
+      const [result] = await query<AckRow>(sql.ack, pairs(items.map((o) => o.held)));
+      return result?.keys ? new Set(result.keys) : "all";
     },
     retry: async (items) =>
-      ids(
-        await run<IdRow>(db(), sql.retry, [
+      keys(
+        await query<KeyRow>(sql.retry, [
           ...pairs(items.map((o) => o.held)),
           items.map((o) => o.delayMs),
           items.map((o) => o.error),
@@ -166,8 +184,8 @@ export function createWorker(input: WorkerOptions): Worker {
         ]),
       ),
     dead: async (items) =>
-      ids(
-        await run<IdRow>(db(), sql.dead, [
+      keys(
+        await query<KeyRow>(sql.dead, [
           ...pairs(items.map((o) => o.held)),
           items.map((o) => o.reason),
           items.map((o) => o.error),
@@ -179,13 +197,20 @@ export function createWorker(input: WorkerOptions): Worker {
     landed: (o: Outcome) => {
       loopRecovered("complete");
       o.held.state = "done";
-      held.delete(o.held.row.id);
+      held.delete(o.held);
       const { id, queue: q } = o.held.row;
       if (o.kind === "ack") {
         if (emitter.hasListeners("acked")) emitter.emit("acked", { id, queue: q, durationMs: o.durationMs });
       } else if (o.kind === "retry") {
         log.debug({ id, queue: q, delayMs: o.delayMs, error: o.error }, "retry scheduled");
-        emitter.emit("retried", { id, queue: q, delayMs: o.delayMs, error: o.error, transient: o.transient });
+        emitter.emit("retried", {
+          id,
+          queue: q,
+          delayMs: o.delayMs,
+          error: o.error,
+          transient: o.transient,
+          timedOut: o.timedOut,
+        });
       } else {
         log.warn({ id, queue: q, reason: o.reason, error: o.error }, "message moved to dead letters");
         emitter.emit("dead_lettered", { id, queue: q, reason: o.reason, error: o.error });
@@ -207,7 +232,7 @@ export function createWorker(input: WorkerOptions): Worker {
     free: () => capacity - queue.size - completer.pending,
     lease: async (limit) => {
       const token = randomUUID();
-      const rows = await run<LeasedRow>(db(), fetchSql, [
+      const rows = await query<LeasedRow>(fetchSql, [
         queueNames,
         limit,
         token,
@@ -225,7 +250,12 @@ export function createWorker(input: WorkerOptions): Worker {
       }));
     },
     deliver: (batch) => {
-      for (const h of batch) held.set(h.row.id, h);
+      if (queue.closed) {
+        // A lease that outlived the stop's wait for it (a slow round trip): give the rows straight back.
+        void release(batch);
+        return;
+      }
+      for (const h of batch) held.add(h);
       queue.push(batch);
       emitter.emit("fetched", { count: batch.length });
     },
@@ -239,8 +269,19 @@ export function createWorker(input: WorkerOptions): Worker {
 
   const heartbeat = new Heartbeat({
     intervalMs: options.heartbeatMs,
-    collect: () => [...held.values()].filter((h) => !h.writing && h.state !== "done" && h.state !== "lost"),
-    renew: async (rows) => ids(await run<IdRow>(db(), sql.renew, [...pairs(rows), options.leaseTtlMs])),
+    collect: () => {
+      // While outcome writes fail, their rows are not renewed: a lease kept alive for an outcome that
+      // cannot be written would lock the row to this worker for as long as the writes keep failing.
+      const stalled = completer.failing;
+      const rows: HeldRow[] = [];
+      for (const h of held) {
+        if (h.writing || h.state === "done" || h.state === "lost") continue;
+        if (stalled && h.state === "completing") continue;
+        rows.push(h);
+      }
+      return rows;
+    },
+    renew: async (rows) => keys(await query<KeyRow>(sql.renew, [...pairs(rows), options.leaseTtlMs])),
     lost: (h) => forget(h, "heartbeat"),
     onError: (error, n) => loopError("heartbeat", error, n),
     onRecovered: () => loopRecovered("heartbeat"),
@@ -262,6 +303,14 @@ export function createWorker(input: WorkerOptions): Worker {
     },
     strategyProblem: (h, problem) =>
       log.warn({ id: h.row.id, queue: h.row.queue, problem }, "retry strategy returned an unusable delay"),
+    timedOut: (h, timeoutMs, stillRunning) => {
+      const { id, queue: q } = h.row;
+      log.warn(
+        { id, queue: q, timeoutMs, stillRunning },
+        "handler timed out: its signal is aborted, the attempt counts as a failure and the message is retried",
+      );
+      emitter.emit("handler_timeout", { id, queue: q, timeoutMs, stillRunning });
+    },
   });
 
   async function start(): Promise<void> {
@@ -274,8 +323,8 @@ export function createWorker(input: WorkerOptions): Worker {
         max: 6,
         application_name: `outbox-worker ${options.workerId}`.slice(0, 63),
         keepAlive: true,
-        connectionTimeoutMillis: 10_000,
-        options: workerSessionOptions(options.synchronousCommit),
+        // Connecting is a round trip too: bounded like the statements (a black-holed host never answers).
+        connectionTimeoutMillis: options.queryTimeoutMs,
       });
     } else {
       pool = options.connection;
@@ -331,10 +380,10 @@ export function createWorker(input: WorkerOptions): Worker {
     if (rows.length === 0) return 0;
     for (let attempt = 1; ; attempt++) {
       try {
-        const back = ids(await run<IdRow>(db(), sql.release, pairs(rows)));
+        const back = keys(await query<KeyRow>(sql.release, pairs(rows)));
         for (const h of rows) {
           h.state = "done";
-          held.delete(h.row.id);
+          held.delete(h);
         }
         emitter.emit("released", { count: back.size });
         return back.size;
@@ -349,28 +398,39 @@ export function createWorker(input: WorkerOptions): Worker {
 
   async function shutdown(timeoutMs: number): Promise<StopResult> {
     const deadline = Date.now() + timeoutMs;
+    const left = () => Math.max(0, deadline - Date.now());
+    // Bookkeeping writes (handing back unstarted rows, the last outcomes) get at least this long.
+    const writeGrace = () => Math.max(1000, left());
     log.info({ timeoutMs }, "worker stopping: no new leases");
-    await Promise.all([fetcher.stop(), notifier?.stop()]);
+    // Every wait here is bounded: a statement stuck on a dead connection ends by its own query timeout, and
+    // stop() must not wait for that. What it was doing is then left to the leases' expiry.
+    await within(Promise.all([fetcher.stop(), notifier?.stop()]), writeGrace());
     const unstarted = queue.drain();
     queue.close();
-    const released = await release(unstarted);
+    let released = 0;
+    await within(
+      release(unstarted).then((n) => {
+        released = n;
+      }),
+      writeGrace(),
+    );
 
     let abandoned: string[] = [];
-    const finished = await within(dispatcher.done(), Math.max(0, deadline - Date.now()));
+    const finished = await within(dispatcher.done(), left());
     if (!finished) {
-      abandoned = dispatcher.abandon(new Error("worker stop timeout"));
-      for (const id of abandoned) {
-        const h = held.get(id);
-        if (h) h.state = "lost";
-        held.delete(id);
+      const rows = dispatcher.abandon(new Error("worker stop timeout"));
+      for (const h of rows) {
+        h.state = "lost";
+        held.delete(h);
       }
+      abandoned = rows.map((h) => h.row.id);
       log.warn({ abandoned }, "stop timeout: handlers aborted, their leases are left to expire");
       emitter.emit("drain_timeout", { abandoned });
     }
-    const flushed = await within(completer.idle(), Math.max(1000, deadline - Date.now()));
+    const flushed = await within(completer.idle(), writeGrace());
     completer.stop();
-    await heartbeat.stop();
-    if (ownsPool) await pool?.end().catch(() => {});
+    await within(heartbeat.stop(), left());
+    if (ownsPool) await within(pool?.end().catch(() => {}) ?? Promise.resolve(), left());
     const drained = finished && flushed && completer.pending === 0;
     return { drained, released, abandoned };
   }
