@@ -123,6 +123,7 @@ export function createWorker(input: WorkerOptions): Worker {
   }
 
   let prepared = options.preparedStatements;
+  let warnedPollOnly = false;
   /**
    * Every statement of the worker, bounded by queryTimeoutMs: on a half-open socket (a black-holed network,
    * a failover) an answer never comes and nothing else would end the wait; pg then destroys the connection.
@@ -362,7 +363,16 @@ export function createWorker(input: WorkerOptions): Worker {
           // Notifications sent while the listener was away are gone: look now.
           onReconnected: () => fetcher.trigger(),
           onStateChange: (s, detail) => {
-            log.info({ listener: s, detail }, `listener ${s}`);
+            if (s === "poll_only" && !warnedPollOnly) {
+              // Once per worker, at warn: it is a deployment fact (a pooler), not an incident to repeat.
+              warnedPollOnly = true;
+              log.warn(
+                { listener: s, detail, maxPollIntervalMs: options.maxPollIntervalMs },
+                `LISTEN gets no notifications: a transaction-mode pooler (PgBouncer) accepts LISTEN but never delivers. Polling only: pickup latency rises from milliseconds to up to maxPollIntervalMs (${options.maxPollIntervalMs} ms). Point listenConnection at the database or a session-mode pooler to get wake-ups back`,
+              );
+            } else {
+              log.info({ listener: s, detail }, `listener ${s}`);
+            }
             emitter.emit("listener", { state: s, detail });
           },
           onError: (error) => log.debug({ err: error }, "listener error"),
