@@ -9,6 +9,13 @@ export interface TcpProxy {
   blackhole(): void;
   /** Keep forwarding what clients send but withhold the server's answers: requests land, acks are lost. */
   holdReplies(): void;
+  /**
+   * Black-hole the connections open now, for good, while new ones go through: a failed NAT or a failover
+   * that leaves old sockets half-open (no FIN, no RST; the proxy still answers TCP keepalive probes).
+   */
+  freezeOpen(): void;
+  /** Connections accepted so far (frozen ones included). */
+  readonly accepted: number;
   /** Forward again: new connections go through, blackholed ones resume where they stopped. */
   restore(): void;
   close(): Promise<void>;
@@ -17,6 +24,13 @@ export interface TcpProxy {
 interface Pair {
   client: net.Socket;
   upstream: net.Socket | undefined;
+}
+
+function silence(pair: Pair): void {
+  pair.client.unpipe();
+  pair.upstream?.unpipe();
+  pair.client.pause();
+  pair.upstream?.pause();
 }
 
 /** A TCP forwarder on 127.0.0.1 for breaking a connection to a real server in a test. */
@@ -46,7 +60,10 @@ export async function startTcpProxy(target: { host: string; port: number }): Pro
     else pair.upstream.pipe(pair.client);
   };
 
+  const frozen = new Set<Pair>();
+  let accepted = 0;
   const server = net.createServer((client) => {
+    accepted++;
     client.on("error", () => {});
     if (mode === "cut") {
       client.destroy();
@@ -71,13 +88,19 @@ export async function startTcpProxy(target: { host: string; port: number }): Pro
       mode = "cut";
       for (const pair of [...pairs]) destroy(pair);
     },
+    get accepted() {
+      return accepted;
+    },
     blackhole() {
       mode = "blackhole";
-      for (const pair of pairs) {
-        pair.client.unpipe();
-        pair.upstream?.unpipe();
-        pair.client.pause();
-        pair.upstream?.pause();
+      for (const pair of pairs) silence(pair);
+    },
+    freezeOpen() {
+      for (const pair of [...pairs]) {
+        silence(pair);
+        // Out of reach of restore(): these sockets stay open and silent until close().
+        pairs.delete(pair);
+        frozen.add(pair);
       }
     },
     holdReplies() {
@@ -100,7 +123,8 @@ export async function startTcpProxy(target: { host: string; port: number }): Pro
     },
     async close() {
       mode = "cut";
-      for (const pair of [...pairs]) destroy(pair);
+      for (const pair of [...pairs, ...frozen]) destroy(pair);
+      frozen.clear();
       await new Promise<void>((resolve) => server.close(() => resolve()));
     },
   };
