@@ -5,6 +5,7 @@ import { z } from "zod";
 import { validateQueueName } from "../produce/queue.js";
 import { relayConfigSchema } from "../relay/config.js";
 import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
+import { parseJsonQuietly } from "../util/json-error.js";
 import { tuningIssues, workerTuningShape } from "../worker/options.js";
 
 /**
@@ -198,9 +199,10 @@ function parseEnvValue(field: ConfigField, raw: string): { value?: unknown; prob
     }
     case "json":
       try {
-        return { value: JSON.parse(raw) };
+        return { value: parseJsonQuietly(raw) };
       } catch (error) {
-        return { problem: `${where}: not valid JSON (${(error as Error).message})` };
+        // Says where, never what: the value may hold a password or a token.
+        return { problem: `${where}: ${(error as Error).message}` };
       }
     default:
       return { value: raw };
@@ -239,7 +241,7 @@ async function readConfigFile(file: string): Promise<Record<string, unknown>> {
   let loaded: unknown;
   try {
     if (full.endsWith(".json")) {
-      loaded = JSON.parse(await readFile(full, "utf8"));
+      loaded = parseJsonQuietly(await readFile(full, "utf8"));
     } else {
       const mod = (await import(pathToFileURL(full).href)) as { default?: unknown };
       loaded = mod.default ?? mod;
