@@ -1,3 +1,5 @@
+import { scrubDeep } from "../util/redact.js";
+
 export interface Column {
   header: string;
   /** Numbers read best right-aligned. */
@@ -19,8 +21,12 @@ export function renderTable(columns: readonly Column[], rows: readonly (readonly
   return [line(columns.map((c) => c.header)), ...rows.map(line)].join("\n");
 }
 
+/**
+ * Scrubbed value by value rather than as text (the console's scrub), so a secret made of digits cannot
+ * cut into a number and leave invalid JSON.
+ */
 export function printJson(value: unknown): void {
-  console.log(JSON.stringify(value, null, 2));
+  process.stdout.write(`${JSON.stringify(scrubDeep(value), null, 2)}\n`);
 }
 
 /** "3.2 s", "42 s", "4 min", "2 h", "3 d"; "-" when there is no age. */

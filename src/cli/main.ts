@@ -1,6 +1,7 @@
 #!/usr/bin/env node
+import { format } from "node:util";
 import { OutboxConfigError } from "../errors.js";
-import { redactConnectionString, redactSecrets } from "../util/redact.js";
+import { registerSecrets, registerUrlSecrets, scrubSecrets } from "../util/redact.js";
 import { UsageError } from "./args.js";
 import { deadLettersCommand, deadLettersUsage } from "./dead-letters-command.js";
 import { demoCommand, demoUsage } from "./demo-command.js";
@@ -54,22 +55,23 @@ ${Object.entries(commands)
 
 Run "outbox-worker <command> --help" for a command's options.`;
 
-/** Everything a password could hide in, so no error we print can leak it. */
-function secrets(): string[] {
-  const found: string[] = [];
+/** Everything a password could hide in, so no error we print can leak it (`run` adds its config's). */
+function registerProcessSecrets(): void {
   for (const raw of [process.env.DATABASE_URL, ...process.argv]) {
-    if (!raw?.includes("://")) continue;
-    try {
-      const url = new URL(raw);
-      if (url.password) found.push(url.password, decodeURIComponent(url.password));
-      const param = url.searchParams.get("password");
-      if (param) found.push(param);
-    } catch {
-      // not a URL: nothing to collect
-    }
+    if (raw?.includes("://")) registerUrlSecrets(raw);
   }
-  if (process.env.PGPASSWORD) found.push(process.env.PGPASSWORD);
-  return found;
+  registerSecrets(process.env.PGPASSWORD);
+}
+
+/**
+ * Everything the CLI prints goes through scrubSecrets: errors, and rows it shows (last_error, dead-letter
+ * errors, payloads) that may hold a credential written before redaction existed or by another process.
+ */
+function scrubConsole(): void {
+  for (const method of ["log", "info", "warn", "error"] as const) {
+    const print = console[method].bind(console);
+    console[method] = (...args: unknown[]) => print(scrubSecrets(format(...args)));
+  }
 }
 
 async function main(argv: string[]): Promise<number> {
@@ -86,10 +88,7 @@ async function main(argv: string[]): Promise<number> {
   try {
     return await command.run(rest);
   } catch (error) {
-    const message = redactSecrets(
-      redactConnectionString(String((error as Error)?.message ?? error)),
-      secrets(),
-    );
+    const message = scrubSecrets(String((error as Error)?.message ?? error));
     if (error instanceof UsageError) {
       console.error(`outbox-worker ${name}: ${message}\n\n${command.usage}`);
       return 2;
@@ -109,4 +108,6 @@ process.stdout.on("error", (error: NodeJS.ErrnoException) => {
   throw error;
 });
 
+registerProcessSecrets();
+scrubConsole();
 process.exitCode = await main(process.argv.slice(2));

@@ -1,3 +1,5 @@
+import { scrubSecrets } from "../util/redact.js";
+
 /** Throw from a handler to dead-letter the message at once (reason "rejected"). */
 export class PermanentError extends Error {
   override name = "PermanentError";
@@ -42,6 +44,7 @@ const NETWORK_CODES: ReadonlySet<string> = new Set([
 const MAX_CAUSE_DEPTH = 5;
 
 const DEFAULT_MAX_LENGTH = 2000;
+const SCRUB_MARGIN = 16_384;
 
 /**
  * Reads a property of an arbitrary throwable. Getters and proxies can throw, so a failed read is
@@ -147,6 +150,10 @@ export function errorMessage(error: unknown, maxLength: number = DEFAULT_MAX_LEN
   } catch {
     text = "unknown error (the thrown value could not be described)";
   }
+  // Every last_error and dead-letter error is built here: no credential of a URL or a configured secret
+  // may reach the table (a driver's message can quote its URL). Before the cut, so no half secret is kept;
+  // past the cut plus a margin longer than any token, nothing is kept, so nothing needs scrubbing.
+  text = scrubSecrets(text.length > limit + SCRUB_MARGIN ? text.slice(0, limit + SCRUB_MARGIN) : text);
   // Postgres text cannot hold NUL: one in last_error would make the whole completion batch fail.
   text = text.replaceAll("\u0000", "\\0");
   if (text.length <= limit) return text;

@@ -1,5 +1,6 @@
 import { Writable } from "node:stream";
-import pino, { type Logger } from "pino";
+import pino, { type DestinationStream, type Logger } from "pino";
+import { scrubJsonLines } from "../util/redact.js";
 
 // Paths that could hold a secret if someone logs a config or an error object carrying one.
 const REDACT = [
@@ -53,6 +54,14 @@ function prettyStream(out: NodeJS.WritableStream): Writable {
   });
 }
 
+/**
+ * Every serialized line passes through scrubJsonLines: the paths above only cover fields we know, while
+ * an error's message or stack, a child binding or a driver's text can quote a URL with a token in it.
+ */
+function scrubbing(out: { write(chunk: string): unknown }): DestinationStream {
+  return { write: (chunk: string) => void out.write(scrubJsonLines(chunk)) };
+}
+
 /** pino JSON logs, or readable lines when asked for (default: when stdout is a terminal). */
 export function createLogger(options: {
   level: string;
@@ -62,7 +71,7 @@ export function createLogger(options: {
   const out = options.stream ?? process.stdout;
   const pretty = options.pretty ?? (out === process.stdout && process.stdout.isTTY === true);
   const base = { level: options.level, name: "outbox-worker", redact: { paths: REDACT, censor: "***" } };
-  if (pretty) return pino(base, prettyStream(out));
+  if (pretty) return pino(base, scrubbing(prettyStream(out)));
   // Synchronous to stdout, so the last lines before an exit are never lost.
-  return pino(base, out === process.stdout ? pino.destination({ dest: 1, sync: true }) : out);
+  return pino(base, scrubbing(out === process.stdout ? pino.destination({ dest: 1, sync: true }) : out));
 }

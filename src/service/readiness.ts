@@ -1,7 +1,7 @@
 import type pg from "pg";
 import { migrationState } from "../migrate/migrator.js";
 import type { ListenerState } from "../notify/notifier.js";
-import { redactConnectionString, redactSecrets } from "../util/redact.js";
+import { registerSecrets, registerUrlSecrets, scrubSecrets } from "../util/redact.js";
 import type { Worker } from "../worker/worker.js";
 
 export interface ReadinessOptions {
@@ -37,24 +37,18 @@ const DEFAULT_TIMEOUT_MS = 2000;
 
 export function createReadiness(opts: ReadinessOptions): Readiness {
   const timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS;
-  const connectionString = opts.pool.options.connectionString;
+  // The pool's own credentials, for a driver error that quotes one; the service registered the rest.
+  registerUrlSecrets(opts.pool.options.connectionString);
   const { password } = opts.pool.options;
-  const secrets = [
-    connectionString,
-    typeof password === "string" ? password : undefined,
-    passwordOf(connectionString),
-  ];
+  if (typeof password === "string") registerSecrets(password);
   let listenerState: ListenerState = "connecting";
   let workerState: WorkerState = "new";
   let fatalError: string | undefined;
   let inflight: Promise<ReadinessReport> | undefined;
 
-  /** Error text safe to serve: no connection string or password, even when the driver echoes one. */
+  /** Error text safe to serve: no credential of any URL and no registered secret, even when a driver echoes one. */
   function describe(error: unknown): string {
-    const text = error instanceof Error ? error.message : String(error);
-    return redactSecrets(text, secrets).replace(/postgres(?:ql)?:\/\/\S+/gi, (url) =>
-      redactConnectionString(url),
-    );
+    return scrubSecrets(error instanceof Error ? error.message : String(error));
   }
 
   function within<T>(promise: Promise<T>, what: string): Promise<T> {
@@ -142,13 +136,4 @@ export function createReadiness(opts: ReadinessOptions): Readiness {
       return inflight;
     },
   };
-}
-
-function passwordOf(url: string | undefined): string | undefined {
-  if (!url) return undefined;
-  try {
-    return decodeURIComponent(new URL(url).password) || undefined;
-  } catch {
-    return undefined;
-  }
 }

@@ -1,0 +1,28 @@
+import { registerSecrets, registerUrlSecrets } from "../util/redact.js";
+import type { ServiceConfig } from "./config.js";
+
+/**
+ * Register every credential the service config holds, so logs, error texts (last_error, dead letters),
+ * /readyz and CLI output mask it wherever it turns up, with or without its URL around it.
+ */
+export function registerConfigSecrets(config: Pick<ServiceConfig, "databaseUrl" | "relays">): void {
+  registerUrlSecrets(config.databaseUrl);
+  for (const relay of Object.values(config.relays)) {
+    switch (relay.type) {
+      case "http":
+        registerUrlSecrets(relay.url);
+        // Static headers are there to carry credentials (authorization, api keys): every value counts.
+        registerSecrets(...Object.values(relay.headers ?? {}), relay.hmacSecret);
+        break;
+      case "nats":
+        for (const server of Array.isArray(relay.servers) ? relay.servers : [relay.servers]) {
+          registerUrlSecrets(server);
+        }
+        break;
+      case "redis":
+      case "rabbitmq":
+        registerUrlSecrets(relay.url);
+        break;
+    }
+  }
+}
