@@ -16,6 +16,8 @@ export interface TcpProxy {
   freezeOpen(): void;
   /** Connections accepted so far (frozen ones included). */
   readonly accepted: number;
+  /** Bytes clients sent into frozen connections: > 0 once something waits for an answer that never comes. */
+  readonly swallowed: number;
   /** Forward again: new connections go through, blackholed ones resume where they stopped. */
   restore(): void;
   close(): Promise<void>;
@@ -62,6 +64,7 @@ export async function startTcpProxy(target: { host: string; port: number }): Pro
 
   const frozen = new Set<Pair>();
   let accepted = 0;
+  let swallowed = 0;
   const server = net.createServer((client) => {
     accepted++;
     client.on("error", () => {});
@@ -91,6 +94,9 @@ export async function startTcpProxy(target: { host: string; port: number }): Pro
     get accepted() {
       return accepted;
     },
+    get swallowed() {
+      return swallowed;
+    },
     blackhole() {
       mode = "blackhole";
       for (const pair of pairs) silence(pair);
@@ -98,6 +104,12 @@ export async function startTcpProxy(target: { host: string; port: number }): Pro
     freezeOpen() {
       for (const pair of [...pairs]) {
         silence(pair);
+        // Read and drop what the client sends: to it the socket looks alive, and the test can see a request
+        // go into the black hole.
+        pair.client.on("data", (chunk: Buffer) => {
+          swallowed += chunk.length;
+        });
+        pair.client.resume();
         // Out of reach of restore(): these sockets stay open and silent until close().
         pairs.delete(pair);
         frozen.add(pair);
