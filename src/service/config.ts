@@ -84,12 +84,9 @@ const TUNING_DESCRIPTIONS: Record<keyof typeof workerTuningShape, string> = {
   listen: "wake on LISTEN/NOTIFY (polling always runs)",
   synchronousCommit:
     "wait for the WAL flush on the worker's own writes (off: a server crash can only redeliver)",
-  preparedStatements:
-    "named prepared statements on the worker's connections; false behind PgBouncer in transaction mode (detected and switched off if forgotten)",
-  queryTimeoutMs:
-    "bound on each database round trip of the worker (default a third of leaseTtlMs, at most 10 s); a timed-out connection is destroyed",
-  handlerTimeoutMs:
-    "a handler running longer is aborted (its signal fires) and the attempt fails as `timeout`; per queue: timeoutMs",
+  preparedStatements: "named prepared statements; false behind PgBouncer in transaction mode",
+  queryTimeoutMs: "bound on each database round trip (default leaseTtlMs / 3, at most 10 s)",
+  handlerTimeoutMs: "run time after which a handler is aborted and its attempt fails (timeout)",
   maxDeliveries: "leases after which a row is dead-lettered as max_deliveries",
   maxAttempts: "failures (transient ones excluded) before retries_exhausted",
   completionBatchSize: "outcomes written per statement at most",

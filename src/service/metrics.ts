@@ -70,6 +70,11 @@ export function createMetrics(opts: MetricsOptions): Metrics {
     "queue",
     "phase",
   ]);
+  const timeouts = counter(
+    "outbox_handler_timeouts_total",
+    "Handlers aborted for running past their timeout.",
+    ["queue"],
+  );
   const loopErrors = counter("outbox_loop_errors_total", "Failed database round trips per loop.", ["loop"]);
   const released = counter("outbox_released_total", "Fetched rows handed back unstarted on stop.");
   const refreshErrors = counter("outbox_gauge_refresh_errors_total", "Failed queue gauge refreshes.");
@@ -174,6 +179,7 @@ export function createMetrics(opts: MetricsOptions): Metrics {
       worker.on("retried", (e) => retried.inc({ queue: e.queue, transient: String(e.transient) })),
       worker.on("dead_lettered", (e) => dead.inc({ queue: e.queue, reason: e.reason })),
       worker.on("lease_lost", (e) => leaseLost.inc({ queue: e.queue, phase: e.phase })),
+      worker.on("handler_timeout", (e) => timeouts.inc({ queue: e.queue })),
       worker.on("loop_error", (e) => loopErrors.inc({ loop: e.loop })),
       worker.on("released", (e) => released.inc(e.count)),
       worker.on("listener", (e) => {

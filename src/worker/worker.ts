@@ -11,7 +11,7 @@ import { type AckRow, completeStatements, type KeyRow } from "../sql/complete.js
 import { isPreparedStatementLost, plainArray, run, type Statement } from "../sql/executor.js";
 import { fetchStatement, type LeasedRow } from "../sql/fetch.js";
 import { outboxNames } from "../sql/names.js";
-import { redactConnectionString } from "../util/redact.js";
+import { redactConnectionString, registerUrlSecrets } from "../util/redact.js";
 import {
   type LeasePhase,
   type LoopName,
@@ -317,6 +317,9 @@ export function createWorker(input: WorkerOptions): Worker {
   async function start(): Promise<void> {
     if (state !== "new") throw new Error(`worker cannot start: it is ${state}`);
     state = "running";
+    // Whatever a driver error echoes of these URLs is masked in logs and stored errors.
+    registerUrlSecrets(typeof options.connection === "string" ? options.connection : undefined);
+    registerUrlSecrets(options.listenConnection);
     if (typeof options.connection === "string") {
       pool = new pg.Pool({
         connectionString: options.connection,
