@@ -1,8 +1,11 @@
 /**
  * Drain: N rows (about 100-byte payloads) inserted up front, one worker, no-op handler; time until every
- * row is acknowledged. Median and range of several runs per concurrency.
+ * row is acknowledged. Median and range of several runs per concurrency and payload mode: "parsed" (a plain
+ * handler: the payload is JSON-parsed for it, the default) and "raw" (a `rawPayload: true` queue, as every
+ * built-in relay is: the stored text, no parse), interleaved run by run. CPU is this process's (the worker's)
+ * per message during the drain.
  *
- *   npm run bench:drain -- --rows 50000 --runs 3 --concurrency 10,32
+ *   npm run bench:drain -- --rows 50000 --runs 3 --concurrency 10,32 --payload parsed,raw
  */
 import pg from "pg";
 import { migrate } from "../src/migrate/migrator.js";
@@ -14,6 +17,10 @@ const rows = Number(arg("rows", "50000"));
 const runs = Number(arg("runs", "3"));
 const concurrencies = arg("concurrency", "10,32").split(",").map(Number);
 const batchSize = Number(arg("batch", "500"));
+const payloadModes = arg("payload", "parsed,raw").split(",") as ("parsed" | "raw")[];
+for (const mode of payloadModes) {
+  if (mode !== "parsed" && mode !== "raw") throw new Error(`--payload: parsed or raw, got ${mode}`);
+}
 const schema = "bench_drain";
 const names = outboxNames(schema);
 
@@ -32,7 +39,10 @@ async function fill(): Promise<void> {
   await pool.query(`VACUUM ANALYZE ${names.messages}`);
 }
 
-async function drainOnce(concurrency: number): Promise<number> {
+async function drainOnce(
+  concurrency: number,
+  mode: "parsed" | "raw",
+): Promise<{ rate: number; cpuUs: number }> {
   await fill();
   let acked = 0;
   let finish!: () => void;
@@ -45,28 +55,35 @@ async function drainOnce(concurrency: number): Promise<number> {
     concurrency,
     batchSize,
     logger: false,
-    queues: { drain: () => {} },
+    queues: { drain: mode === "raw" ? { handler: () => {}, rawPayload: true } : () => {} },
   });
   worker.on("acked", () => {
     if (++acked === rows) finish();
   });
   const started = performance.now();
+  const cpu = process.cpuUsage();
   await worker.start();
   await done;
   const seconds = (performance.now() - started) / 1000;
+  const used = process.cpuUsage(cpu);
   await worker.stop();
   const left = (await pool.query(`SELECT count(*)::int AS n FROM ${names.messages}`)).rows[0].n;
   if (left !== 0) throw new Error(`${left} rows left after the drain`);
-  return rows / seconds;
+  return { rate: rows / seconds, cpuUs: (used.user + used.system) / rows };
 }
 
 console.log(`# drain: ${rows} rows, batch ${batchSize}, ${runs} runs; ${await machine(pool)}\n`);
-console.log("| concurrency | rows/s (median) | range |");
-console.log("|---:|---:|---:|");
+console.log("| concurrency | payload | rows/s (median) | range | worker CPU µs/msg (median) |");
+console.log("|---:|---|---:|---:|---:|");
 for (const c of concurrencies) {
-  const rates: number[] = [];
-  for (let r = 0; r < runs; r++) rates.push(await drainOnce(c));
-  console.log(`| ${c} | ${median(rates).toFixed(0)} | ${range(rates)} |`);
+  const results = new Map(payloadModes.map((m) => [m, [] as { rate: number; cpuUs: number }[]]));
+  // Modes alternate within each run, so drift of a shared machine hits them alike.
+  for (let r = 0; r < runs; r++) for (const m of payloadModes) results.get(m)?.push(await drainOnce(c, m));
+  for (const [m, xs] of results) {
+    const rates = xs.map((x) => x.rate);
+    const cpu = median(xs.map((x) => x.cpuUs)).toFixed(1);
+    console.log(`| ${c} | ${m} | ${median(rates).toFixed(0)} | ${range(rates)} | ${cpu} |`);
+  }
 }
 await pool.query(`DROP SCHEMA ${names.quotedSchema} CASCADE`);
 await pool.end();

@@ -53,6 +53,8 @@ const SQL_CONNECTIONS = [2, 4];
 const OUR_BATCH = 500;
 /** The concurrency of the extra drain of ours with `synchronousCommit: true`. */
 const SYNC_CONCURRENCY = 10;
+/** The concurrency of the extra drain of ours with a `rawPayload: true` queue (what every relay is). */
+const RAW_CONCURRENCY = 10;
 const RATE = 200;
 const CLIENTS = 8;
 const PUBLISH_MANY = 1000;
@@ -215,6 +217,17 @@ async function drainSection() {
         tuning: { batchSize: OUR_BATCH, synchronousCommit: 1 },
       }),
     );
+    // Ours with the stored payload text handed over unparsed, as to every relay: what JSON.parse costs.
+    add(
+      `outbox-raw:${RAW_CONCURRENCY}`,
+      await job<DrainResult>({
+        kind: "drain",
+        peer: "outbox",
+        concurrency: RAW_CONCURRENCY,
+        rows,
+        tuning: { batchSize: OUR_BATCH, rawPayload: 1 },
+      }),
+    );
     for (const variant of ["lease-delete", "lease-ack"] as const) {
       for (const n of SQL_CONNECTIONS) {
         add(`${variant}:${n}`, await job<DrainResult>({ kind: "sql", variant, connections: n, rows }));
@@ -246,6 +259,12 @@ async function drainSection() {
     drainRow(
       `${LABEL.outbox}, concurrency ${SYNC_CONCURRENCY}, \`synchronousCommit: true\``,
       results.get(`outbox-sync:${SYNC_CONCURRENCY}`),
+    ),
+  );
+  rowsOut.push(
+    drainRow(
+      `${LABEL.outbox}, concurrency ${RAW_CONCURRENCY}, \`rawPayload: true\` queue (as the relays)`,
+      results.get(`outbox-raw:${RAW_CONCURRENCY}`),
     ),
   );
   for (const variant of ["lease-delete", "lease-ack"] as const) {

@@ -49,7 +49,14 @@ export function outboxPeer(schema: string): Peer {
         ...(tuning?.batchSize ? { batchSize: tuning.batchSize } : {}),
         // 1: wait for the WAL flush on the worker's writes, as graphile-worker and pg-boss always do.
         synchronousCommit: tuning?.synchronousCommit === 1,
-        queues: { [QUEUE]: (p) => onJob(p as { orderId: number }) },
+        // rawPayload 1: a `rawPayload: true` queue (what every relay is), the stored text unparsed; drain
+        // only, whose onJob never reads the payload (latency reads orderId).
+        queues: {
+          [QUEUE]:
+            tuning?.rawPayload === 1
+              ? { handler: (p) => onJob(p as { orderId: number }), rawPayload: true }
+              : (p) => onJob(p as { orderId: number }),
+        },
       });
       await worker.start();
     },
