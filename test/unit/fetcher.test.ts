@@ -1,0 +1,136 @@
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { Fetcher } from "../../src/fetch/fetcher.js";
+
+/**
+ * The fetcher's poll schedule, on fake timers: every lease() call is stamped with the fake clock, so the
+ * gaps between fetches are the delays the fetcher scheduled, exactly. Nothing here waits for real time.
+ */
+
+/** What one lease() call does: return this many rows, or throw. */
+type Step = number | Error;
+
+function harness(options: {
+  random: () => number;
+  /** Steps by call; calls past the end find no rows. */
+  steps?: Step[];
+  minPollMs?: number;
+  maxPollMs?: number;
+  backoffBaseMs?: number;
+  backoffMaxMs?: number;
+  maxConsecutiveFailures?: number;
+}) {
+  const steps = options.steps ?? [];
+  const at: number[] = [];
+  const errors: number[] = [];
+  const fatal: Error[] = [];
+  const t0 = Date.now();
+  const fetcher = new Fetcher<number>({
+    batchSize: 10,
+    minPollMs: options.minPollMs ?? 100,
+    maxPollMs: options.maxPollMs ?? 1000,
+    backoffBaseMs: options.backoffBaseMs ?? 100,
+    backoffMaxMs: options.backoffMaxMs ?? 400,
+    maxConsecutiveFailures: options.maxConsecutiveFailures ?? 1000,
+    free: () => 10,
+    lease: async (limit) => {
+      const step = steps[at.length] ?? 0;
+      at.push(Date.now() - t0);
+      if (step instanceof Error) throw step;
+      return Array.from({ length: Math.min(step, limit) }, (_, i) => i);
+    },
+    deliver: () => {},
+    onError: (_error, consecutive) => void errors.push(consecutive),
+    onFatal: (error) => void fatal.push(error),
+    random: options.random,
+  });
+  return {
+    fetcher,
+    errors,
+    fatal,
+    /** When each fetch ran, in ms after the start. */
+    at,
+    /** The wait before each fetch after the first: the delays the fetcher scheduled. */
+    gaps: () => at.slice(1).map((t, i) => t - (at[i] ?? 0)),
+  };
+}
+
+const fixed = (r: number) => () => r;
+const boom = () => new Error("connection refused");
+
+beforeEach(() => {
+  // setImmediate stays real: faked, one scheduled from inside a timer callback would run 1 ms later.
+  vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout", "Date"] });
+});
+afterEach(() => {
+  vi.useRealTimers();
+});
+
+/** Start the fetchers and let `ms` of fake time pass, running every timer and promise due in it. */
+async function runFor(ms: number, ...fetchers: Fetcher<number>[]) {
+  for (const f of fetchers) f.start();
+  await vi.advanceTimersByTimeAsync(ms);
+  await Promise.all(fetchers.map((f) => f.stop()));
+}
+
+describe("Fetcher poll schedule", () => {
+  it("empty fetches double the poll interval from minPollMs up to maxPollMs", async () => {
+    const h = harness({ random: fixed(0.5) }); // 0.5: the jitter factor is exactly 1
+    await runFor(6000, h.fetcher);
+    expect(h.gaps().slice(0, 7)).toEqual([200, 400, 800, 1000, 1000, 1000, 1000]);
+  });
+
+  it("a fetch that finds rows resets the poll interval to minPollMs; a full batch fetches again at once", async () => {
+    // Back off to the maximum, find one row (not a full batch), nothing twice, two full batches, a partial one.
+    const h = harness({ random: fixed(0.5), steps: [0, 0, 0, 0, 0, 1, 0, 0, 10, 10, 3, 0] });
+    await runFor(6000, h.fetcher);
+    const gaps = h.gaps();
+    expect(gaps.slice(0, 5), "empty fetches back off to maxPollMs").toEqual([200, 400, 800, 1000, 1000]);
+    expect(gaps[5], "found a row: the next poll comes at minPollMs").toBe(100);
+    expect(gaps.slice(6, 8), "empty again: doubling from the minimum").toEqual([200, 400]);
+    expect(gaps.slice(8, 10), "a full batch (10 of 10): fetch again at once, no poll wait").toEqual([0, 0]);
+    expect(gaps[10], "a batch that is not full ends the run: poll at the minimum").toBe(100);
+  });
+
+  it("jitters each delay by ±20 % (random 0 → 0.8×, random 1 → 1.2×), so two workers do not poll in lockstep", async () => {
+    const low = harness({ random: fixed(0) });
+    const high = harness({ random: fixed(1) });
+    await runFor(6000, low.fetcher, high.fetcher);
+    expect(low.gaps().slice(0, 6)).toEqual([160, 320, 640, 800, 800, 800]);
+    expect(high.gaps().slice(0, 6)).toEqual([240, 480, 960, 1200, 1200, 1200]);
+    // Started together, they fetched together once, at the start, and never again.
+    const together = low.at.filter((t) => high.at.includes(t));
+    expect(together).toEqual([0]);
+  });
+
+  it("a failed fetch backs off exponentially (capped, jittered) and the poll resumes after a success", async () => {
+    const h = harness({
+      random: fixed(0.5),
+      backoffBaseMs: 100,
+      backoffMaxMs: 400,
+      steps: [boom(), boom(), boom(), boom(), 0, 0],
+    });
+    await runFor(3000, h.fetcher);
+    // backoff: equal jitter over 100, 200, 400, 400 at random 0.5 = 75, 150, 300, 300 (schedule jitter 1×).
+    expect(h.gaps().slice(0, 6)).toEqual([75, 150, 300, 300, 200, 400]);
+    expect(h.errors).toEqual([1, 2, 3, 4]);
+    expect(h.fatal).toEqual([]);
+
+    const low = harness({ random: fixed(0), steps: [boom(), boom(), boom()] });
+    await runFor(3000, low.fetcher);
+    // random 0: half of 100, 200, 400, then the schedule's 0.8×.
+    expect(low.gaps().slice(0, 3)).toEqual([40, 80, 160]);
+  });
+
+  it("after maxConsecutiveFailures failed fetches in a row it reports fatal and fetches no more", async () => {
+    const h = harness({
+      random: fixed(0.5),
+      maxConsecutiveFailures: 3,
+      steps: [boom(), boom(), 0, boom(), boom(), boom(), 0],
+    });
+    await runFor(60_000, h.fetcher);
+    // The success in between resets the count: fatal only at the third failure in a row.
+    expect(h.errors).toEqual([1, 2, 1, 2, 3]);
+    expect(h.fatal).toHaveLength(1);
+    expect(h.at).toHaveLength(6);
+  });
+});
