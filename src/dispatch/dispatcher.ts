@@ -98,10 +98,6 @@ export class Dispatcher {
     this.#sweepMs = Math.max(5, Math.min(1000, Math.floor(shortest / 4)));
   }
 
-  get running(): ReadonlySet<HeldRow> {
-    return new Set(this.#running.keys());
-  }
-
   start(): void {
     for (let i = 0; i < this.deps.concurrency; i++) this.#loops.push(this.#loop());
     this.#sweeper = setInterval(() => this.#sweep(), this.#sweepMs);
