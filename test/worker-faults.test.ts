@@ -5,7 +5,7 @@ import path from "node:path";
 import { beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { startEmbeddedPostgres } from "../src/embedded/embedded-postgres.js";
 import { migrate } from "../src/migrate/migrator.js";
-import { createWorker } from "../src/worker/worker.js";
+import { createWorker, type Worker } from "../src/worker/worker.js";
 import { testDatabase } from "./helpers/database.js";
 import { nextEvent, publisherFor, until, workerFactory } from "./helpers/worker.js";
 
@@ -33,6 +33,24 @@ async function publish(queue: string, n: number) {
 
 async function remaining(): Promise<number> {
   return (await db.pool.query(`SELECT count(*)::int AS n FROM ${db.names.messages}`)).rows[0].n;
+}
+
+const fetchStarts = new Map<string, Set<string>>();
+/**
+ * How many fetches of this worker the database has seen start, sampled from pg_stat_activity (the last
+ * statement of each of the worker's sessions and when it started). Call it often enough not to miss one
+ * between two calls: it can only under-count, never over-count.
+ */
+async function fetchesSeen(worker: Worker): Promise<number> {
+  const { rows } = await db.pool.query<{ started: string }>(
+    `SELECT query_start::text AS started FROM pg_stat_activity
+     WHERE application_name LIKE $1 AND query LIKE '%SKIP LOCKED%' AND query_start IS NOT NULL`,
+    [`outbox-%${worker.id}`.slice(0, 63)],
+  );
+  const seen = fetchStarts.get(worker.id) ?? new Set<string>();
+  fetchStarts.set(worker.id, seen);
+  for (const r of rows) seen.add(r.started);
+  return seen.size;
 }
 
 describe("wake-ups", () => {
@@ -73,8 +91,9 @@ describe("wake-ups", () => {
       maxPollIntervalMs: 400,
       queues: { poll: () => void handled.push(Date.now()) },
     });
-    // Let the idle poll back off to its maximum first.
-    await new Promise((r) => setTimeout(r, 1200));
+    // Let the idle poll back off to its maximum first: 50 → 100 → 200 → 400 ms after three empty fetches,
+    // so once a fourth has started the next wait is the maximum.
+    await until(async () => (await fetchesSeen(worker)) >= 4, "four empty fetches", 5000);
     const at = Date.now();
     await db.pool.query(`INSERT INTO ${db.names.messages} (queue, payload) VALUES ('poll', '{}')`);
     await nextEvent(worker, "acked", undefined, 3000);
@@ -193,11 +212,26 @@ describe("crash", () => {
       process.execPath,
       ["--import", "tsx", path.resolve("test/fixtures/crash-worker.ts")],
       {
-        env: { ...process.env, DATABASE_URL: db.url, OUTBOX_SCHEMA: db.schema, WORKER_ID: workerId },
+        // PGAPPNAME names the child's other sessions (its ledger pool) after it too.
+        env: {
+          ...process.env,
+          DATABASE_URL: db.url,
+          OUTBOX_SCHEMA: db.schema,
+          WORKER_ID: workerId,
+          PGAPPNAME: `crash-ledger ${workerId}`,
+        },
         stdio: ["ignore", "pipe", "inherit"],
       },
     );
     const exited = new Promise((resolve) => child.once("exit", resolve));
+    /** The child's database sessions (its worker's, its listener's, its ledger pool's), by name. */
+    const childSessions = async (prefix = "") =>
+      (
+        await db.pool.query(
+          "SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name LIKE $1 || '%' || $2 || '%'",
+          [prefix, workerId],
+        )
+      ).rows[0].n as number;
     try {
       await until(
         async () =>
@@ -205,11 +239,18 @@ describe("crash", () => {
         "the child is handling rows",
         20_000,
       );
+      expect(
+        await childSessions("crash-ledger"),
+        "the child's ledger sessions carry its name",
+      ).toBeGreaterThan(0);
     } finally {
       child.kill("SIGKILL");
     }
     await exited;
-    const afterKill = await db.pool.query(`SELECT count(*)::int AS n FROM "${db.schema}".ledger`);
+    // The process is gone, but a statement it sent just before may still be running and commit. A server
+    // session ends only after its statement does and it reads the closed socket: once none of the child's
+    // sessions is left, nothing of the child can write any more.
+    await until(async () => (await childSessions()) === 0, "the killed child's database sessions have ended");
     const heldByDead = (
       await db.pool.query(`SELECT count(*)::int AS n FROM ${db.names.messages} WHERE acquired_by = $1`, [
         workerId,
@@ -221,10 +262,6 @@ describe("crash", () => {
       `UPDATE ${db.names.messages} SET lease_expires_at = now() - interval '1 second' WHERE acquired_by = $1`,
       [workerId],
     );
-    // Nothing of the child is still running: the ledger does not move while no worker runs.
-    await new Promise((r) => setTimeout(r, 300));
-    const later = await db.pool.query(`SELECT count(*)::int AS n FROM "${db.schema}".ledger`);
-    expect(later.rows[0].n).toBe(afterKill.rows[0].n);
     await workers.start({
       queues: {
         crash: async (_p, m) => {

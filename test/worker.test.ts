@@ -386,18 +386,36 @@ describe("lease fencing", () => {
   it("a handler longer than the lease TTL runs exactly once while its heartbeat renews the lease", async () => {
     await publishRows("slow", 1);
     let runs = 0;
+    let probed = false;
     const slowWorker = await workers.start({
       leaseTtlMs: 1000,
       heartbeatMs: 200,
       queues: {
         slow: async () => {
           runs++;
-          await new Promise((r) => setTimeout(r, 2500));
+          // Runs until the competitor has looked for rows after this lease, unrenewed, would have expired.
+          await until(() => probed, "the competitor fetched after the first lease's TTL");
         },
       },
     });
+    await until(async () => (await count("messages", "acquired_token IS NOT NULL")) === 1, "row leased");
+    // A probe the competitor can lease only once the slow row's first lease has run past its TTL: the same
+    // fetch would have taken the slow row too, had the heartbeat not renewed it.
+    await db.pool.query(
+      `INSERT INTO ${db.names.messages} (queue, payload, available_at)
+       SELECT 'probe', '{}', acquired_at + interval '1100 milliseconds' FROM ${db.names.messages}`,
+    );
     // A second worker polls the same queue the whole time, ready to take an expired lease.
-    await workers.start({ leaseTtlMs: 1000, heartbeatMs: 200, queues: { slow: () => void runs++ } });
+    await workers.start({
+      leaseTtlMs: 1000,
+      heartbeatMs: 200,
+      queues: {
+        slow: () => void runs++,
+        probe: () => {
+          probed = true;
+        },
+      },
+    });
     await nextEvent(slowWorker, "acked", undefined, 10_000);
     expect(runs).toBe(1);
   });
