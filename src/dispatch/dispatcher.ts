@@ -185,8 +185,12 @@ export class Dispatcher {
     // Raw queues (relays) get the stored text as it is: no parse, so no digit of a big number is lost.
     let payload: unknown = row.payload;
     if (!queue.rawPayload) {
-      // jsonb's own output: it always parses.
-      payload = JSON.parse(row.payload);
+      try {
+        payload = JSON.parse(row.payload);
+      } catch (error) {
+        // jsonb's own output always parses; a failure here must still end as a dead letter, not a dead loop.
+        return dead("invalid_payload", errorMessage(error, this.deps.maxErrorLength));
+      }
       if (queue.schema) {
         const parsed = queue.schema.safeParse(payload);
         if (!parsed.success) {

@@ -7,7 +7,7 @@ export type QueueHandlers = Record<string, Handler | QueueConfig>;
 
 /**
  * Load the operator's handlers: a module whose default export (or `queues` export) maps queue names to a
- * handler function or `{ handler, schema?, retry?, maxAttempts? }` (what `handle(queue, fn)` returns).
+ * handler function or `{ handler, schema?, retry?, maxAttempts?, timeoutMs?, rawPayload? }` (what `handle(queue, fn)` returns, or more).
  */
 export async function loadHandlersModule(file: string): Promise<QueueHandlers> {
   const full = path.resolve(file);
