@@ -1,0 +1,336 @@
+/**
+ * Invariant 13: everything works through PgBouncer in transaction mode (no startup parameters, no named
+ * prepared statements that outlive a transaction), with LISTEN degraded to a latency hint (invariant 4);
+ * in session mode everything, LISTEN included, works as it does directly. A real PgBouncer process sits in
+ * front of the test database; the schema is migrated directly, never through the pooler.
+ */
+import path from "node:path";
+import pg from "pg";
+import pino from "pino";
+import { afterEach, beforeAll, describe, expect, it } from "vitest";
+import type { ListenerState } from "../src/notify/notifier.js";
+import { createPublisher, type Publisher } from "../src/produce/publisher.js";
+import type { WorkerEvents } from "../src/worker/events.js";
+import type { WorkerOptions } from "../src/worker/options.js";
+import { createWorker, type Worker } from "../src/worker/worker.js";
+import { type CliProcess, startCli } from "./helpers/cli-process.js";
+import { testDatabase } from "./helpers/database.js";
+import { pgbouncerForTests } from "./helpers/pgbouncer.js";
+import { until } from "./helpers/worker.js";
+
+const db = testDatabase("pgb");
+const tx = await pgbouncerForTests("pgbouncer.test", db.url, { poolMode: "transaction" });
+const session = await pgbouncerForTests("pgbouncer.test", db.url, { poolMode: "session" });
+
+beforeAll(() => db.migrate());
+
+/** What the transaction pooler answers when named prepared statements meet the wrong server connection. */
+const POOLER_STATEMENT_ERRORS = new Set(["26000", "42P05"]);
+const LISTEN_FALLBACK = "LISTEN gets no notifications";
+const PREPARED_SWITCH = "named prepared statements are lost";
+
+interface LogLine {
+  level: number;
+  msg: string;
+  [field: string]: unknown;
+}
+
+/** A pino logger writing JSON lines into memory. */
+function memoryLogger() {
+  const lines: LogLine[] = [];
+  const logger = pino({ level: "info" }, { write: (line: string) => void lines.push(JSON.parse(line)) });
+  return { logger, lines, warnings: () => lines.filter((l) => l.level >= 40) };
+}
+
+interface Observed {
+  worker: Worker;
+  lines: LogLine[];
+  warnings(): LogLine[];
+  loopErrors: WorkerEvents["loop_error"][];
+  listener: ListenerState[];
+  acked: Set<string>;
+}
+
+const workers: Worker[] = [];
+afterEach(async () => {
+  await Promise.all(workers.splice(0).map((w) => w.stop({ timeoutMs: 2000 }).catch(() => {})));
+});
+
+/** A worker whose events and log are recorded from before start(). */
+async function startObserved(options: Partial<WorkerOptions> & Pick<WorkerOptions, "queues" | "connection">) {
+  const log = memoryLogger();
+  const worker = createWorker({
+    schema: db.schema,
+    logger: log.logger,
+    minPollIntervalMs: 20,
+    maxPollIntervalMs: 200,
+    ...options,
+  });
+  workers.push(worker);
+  const observed: Observed = {
+    worker,
+    lines: log.lines,
+    warnings: log.warnings,
+    loopErrors: [],
+    listener: [],
+    acked: new Set(),
+  };
+  worker.on("loop_error", (e) => observed.loopErrors.push(e));
+  worker.on("listener", (e) => observed.listener.push(e.state));
+  worker.on("acked", (e) => observed.acked.add(e.id));
+  await worker.start();
+  return observed;
+}
+
+async function remaining(queue: string): Promise<number> {
+  const { rows } = await db.pool.query(
+    `SELECT count(*)::int AS n FROM ${db.names.messages} WHERE queue = $1`,
+    [queue],
+  );
+  return rows[0].n;
+}
+
+/** Published directly (not through the pooler), in a few large statements. */
+async function backlog(queue: string, n: number): Promise<string[]> {
+  const direct = createPublisher({ schema: db.schema, notify: false });
+  const ids: string[] = [];
+  for (let from = 0; from < n; from += 1000) {
+    const items = Array.from({ length: Math.min(1000, n - from) }, (_, i) => ({ payload: { i: from + i } }));
+    ids.push(...(await db.inTransaction((c) => direct.publishMany(c, queue, items))));
+  }
+  return ids;
+}
+
+/** A handler that counts each id it is handed. */
+function ledger() {
+  const seen = new Map<string, number>();
+  return {
+    seen,
+    handler: (_payload: unknown, message: { id: string }) => {
+      seen.set(message.id, (seen.get(message.id) ?? 0) + 1);
+    },
+    /** Ids handled other than exactly once, with their counts. */
+    notOnce: () => [...seen].filter(([, n]) => n !== 1),
+  };
+}
+
+const codeOf = (error: unknown) => String((error as { code?: unknown }).code ?? "none");
+
+/** Waits for the ledger to hold `ids` and the queue to be empty; on a timeout, says what the worker saw. */
+async function drained(w: Observed, seen: Map<string, number>, ids: string[], queue: string) {
+  try {
+    await until(
+      async () => ids.every((id) => seen.has(id)) && (await remaining(queue)) === 0,
+      `${ids.length} rows handled and deleted`,
+      20_000,
+    );
+  } catch (error) {
+    const errors = w.loopErrors.slice(-3).map((e) => `${e.loop}: ${codeOf(e.error)} ${e.error.message}`);
+    throw new Error(
+      `${(error as Error).message}; handled ${seen.size}, left ${await remaining(queue)}, ` +
+        `${w.loopErrors.length} loop errors, the last: ${JSON.stringify(errors)}`,
+    );
+  }
+}
+
+/**
+ * `producers` connections through `url`, each running `perProducer` transactions of BEGIN, publish,
+ * COMMIT one after another. Returns the committed ids and every failure as "SQLSTATE message".
+ */
+async function produce(
+  url: string,
+  publisher: Publisher,
+  queue: string,
+  producers: number,
+  perProducer: number,
+) {
+  const ids: string[] = [];
+  const failures: string[] = [];
+  await Promise.all(
+    Array.from({ length: producers }, async (_, p) => {
+      const client = new pg.Client({ connectionString: url });
+      client.on("error", () => {});
+      await client.connect();
+      try {
+        for (let i = 0; i < perProducer; i++) {
+          try {
+            await client.query("BEGIN");
+            const id = await publisher.publish(client, queue, { producer: p, i });
+            await client.query("COMMIT");
+            ids.push(id);
+          } catch (error) {
+            failures.push(`${codeOf(error)} ${(error as Error).message}`);
+            await client.query("ROLLBACK").catch(() => {});
+          }
+        }
+      } finally {
+        await client.end().catch(() => {});
+      }
+    }),
+  );
+  return { ids, failures };
+}
+
+async function present(ids: string[]): Promise<number> {
+  const { rows } = await db.pool.query(
+    `SELECT count(*)::int AS n FROM ${db.names.messages} WHERE id = ANY($1::bigint[])`,
+    [ids],
+  );
+  return rows[0].n;
+}
+
+describe.skipIf(tx.skip !== undefined)("PgBouncer, transaction mode", () => {
+  const url = tx.bouncer?.url ?? "";
+
+  it("8 producers × 200 publish transactions through the pooler: no failure, every row committed", async () => {
+    const queue = "pgb.produce";
+    // The defaults: unnamed statements, the in-transaction wake-up notification.
+    const { ids, failures } = await produce(url, createPublisher({ schema: db.schema }), queue, 8, 200);
+    expect(failures).toEqual([]);
+    expect(ids).toHaveLength(1600);
+    expect(new Set(ids).size).toBe(1600);
+    expect(await present(ids)).toBe(1600);
+    expect(await remaining(queue)).toBe(1600);
+    await db.pool.query(`DELETE FROM ${db.names.messages} WHERE queue = $1`, [queue]);
+  });
+
+  it("the same load with preparedStatements: true fails (what the default avoids)", async () => {
+    const queue = "pgb.produce-named";
+    const publisher = createPublisher({ schema: db.schema, preparedStatements: true });
+    const { ids, failures } = await produce(url, publisher, queue, 8, 200);
+    // A statement prepared on one server connection is missing (26000) or already there (42P05) on the next.
+    expect(failures.length).toBeGreaterThan(0);
+    expect(failures.filter((f) => !POOLER_STATEMENT_ERRORS.has(f.slice(0, 5)))).toEqual([]);
+    // Each committed id is there; a failed transaction left nothing.
+    expect(await present(ids)).toBe(ids.length);
+    expect(await remaining(queue)).toBe(ids.length);
+    await db.pool.query(`DELETE FROM ${db.names.messages} WHERE queue = $1`, [queue]);
+  });
+
+  it("a worker with preparedStatements: false drains 5,000 rows exactly once, polling, with one warning", async () => {
+    const queue = "pgb.drain";
+    const ids = await backlog(queue, 5000);
+    const handled = ledger();
+    const w = await startObserved({
+      connection: url,
+      preparedStatements: false,
+      queues: { [queue]: handled.handler },
+    });
+    await drained(w, handled.seen, ids, queue);
+    expect(handled.notOnce()).toEqual([]);
+    expect([...handled.seen.keys()].sort()).toEqual([...ids].sort());
+    expect(w.loopErrors.map((e) => `${e.loop}: ${codeOf(e.error)} ${e.error.message}`)).toEqual([]);
+    // LISTEN through a transaction pooler never delivers: the self-test notices and polling takes over.
+    expect(w.listener.at(-1)).toBe("poll_only");
+    expect(w.warnings().map((l) => l.msg)).toEqual([expect.stringContaining(LISTEN_FALLBACK)]);
+    const [warning] = w.warnings();
+    expect(warning?.msg).toContain("PgBouncer");
+    expect(warning?.msg).toContain("maxPollIntervalMs (200 ms)");
+  });
+
+  it("a worker left on prepared statements detects the pooler, switches, and drains 5,000 rows exactly once", async () => {
+    const queue = "pgb.drain-named";
+    const ids = await backlog(queue, 5000);
+    const handled = ledger();
+    const w = await startObserved({ connection: url, queues: { [queue]: handled.handler } });
+    await drained(w, handled.seen, ids, queue);
+    expect(handled.notOnce()).toEqual([]);
+    expect([...handled.seen.keys()].sort()).toEqual([...ids].sort());
+    const switches = w.lines.filter((l) => l.msg.includes(PREPARED_SWITCH));
+    expect(switches).toHaveLength(1);
+    expect(switches[0]?.level).toBe(40);
+    // The only loop errors are the pooler's answers to named statements sent before the switch: at most
+    // one per pooled connection (the worker's pool has 6), the statements in flight when the first failed.
+    expect(w.loopErrors.length).toBeGreaterThan(0);
+    expect(w.loopErrors.length).toBeLessThanOrEqual(6);
+    expect(w.loopErrors.filter((e) => !POOLER_STATEMENT_ERRORS.has(codeOf(e.error)))).toEqual([]);
+
+    // After the switch: a second backlog, not one loop error more.
+    const before = w.loopErrors.length;
+    const more = await backlog(queue, 500);
+    await drained(w, handled.seen, more, queue);
+    expect(handled.notOnce()).toEqual([]);
+    expect(w.loopErrors.slice(before)).toEqual([]);
+    expect(w.lines.filter((l) => l.msg.includes(LISTEN_FALLBACK))).toHaveLength(1);
+    expect(w.listener.at(-1)).toBe("poll_only");
+  });
+
+  describe("the service", () => {
+    const running: CliProcess[] = [];
+    afterEach(() => {
+      for (const p of running.splice(0)) if (p.child.exitCode === null) p.child.kill("SIGKILL");
+    });
+
+    it("outbox-worker run with DATABASE_URL at the pooler and OUTBOX_PREPARED_STATEMENTS=false delivers", async () => {
+      const p = startCli(["run", "--handlers", path.resolve("test/fixtures/handlers.ts")], {
+        DATABASE_URL: url,
+        OUTBOX_SCHEMA: db.schema,
+        OUTBOX_PREPARED_STATEMENTS: "false",
+        OUTBOX_LOG_PRETTY: "false",
+        OUTBOX_MIN_POLL_INTERVAL_MS: "20",
+        OUTBOX_MAX_POLL_INTERVAL_MS: "200",
+      });
+      running.push(p);
+      await p.waitFor("outbox-worker running", 15_000);
+      await backlog("fast", 200);
+      await until(async () => (await remaining("fast")) === 0, "200 rows delivered by the service").catch(
+        (error: Error) => {
+          throw new Error(
+            `${error.message}; its last lines:\n${p.output().trim().split("\n").slice(-3).join("\n")}`,
+          );
+        },
+      );
+      p.child.kill("SIGTERM");
+      expect(await p.exited, p.output()).toEqual({ code: 0, signal: null });
+      const lines = p
+        .output()
+        .trim()
+        .split("\n")
+        .map((l) => JSON.parse(l) as LogLine);
+      expect(lines.filter((l) => l.msg.includes(LISTEN_FALLBACK)).map((l) => l.level)).toEqual([40]);
+      expect(lines.filter((l) => l.msg.includes(PREPARED_SWITCH) || l.msg.includes("backing off"))).toEqual(
+        [],
+      );
+    });
+  });
+});
+
+describe.skipIf(session.skip !== undefined)("PgBouncer, session mode", () => {
+  const url = session.bouncer?.url ?? "";
+
+  it("LISTEN works: the listener is listening and a published row is picked up on its wake-up", async () => {
+    const queue = "pgb.wake";
+    const publisher = createPublisher({ schema: db.schema });
+    const publishOne = async (payload: unknown) => {
+      const client = new pg.Client({ connectionString: url });
+      await client.connect();
+      try {
+        await client.query("BEGIN");
+        const id = await publisher.publish(client, queue, payload);
+        await client.query("COMMIT");
+        return id;
+      } finally {
+        await client.end();
+      }
+    };
+    // Before the worker starts, so that its first fetch finds it: after that fetch the next poll is a
+    // minute away, and only a wake-up explains a prompt pickup.
+    const primer = await publishOne({ n: 0 });
+    const w = await startObserved({
+      connection: url,
+      minPollIntervalMs: 60_000,
+      maxPollIntervalMs: 60_000,
+      queues: { [queue]: () => {} },
+    });
+    expect(w.listener).toEqual(["connecting", "listening"]);
+    await until(() => w.acked.has(primer), "the primer row, found by the first fetch");
+
+    const published = Date.now();
+    const id = await publishOne({ n: 1 });
+    await until(() => w.acked.has(id), "the row published after the first fetch, woken by NOTIFY", 10_000);
+    expect(Date.now() - published).toBeLessThan(10_000);
+    expect(w.loopErrors).toEqual([]);
+    expect(w.warnings()).toEqual([]);
+    expect(w.listener.at(-1)).toBe("listening");
+  });
+});
