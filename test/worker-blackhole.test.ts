@@ -1,4 +1,8 @@
+import path from "node:path";
+import pino from "pino";
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { serviceConfigSchema } from "../src/service/config.js";
+import { startService } from "../src/service/service.js";
 import { testDatabase } from "./helpers/database.js";
 import { startTcpProxy, type TcpProxy } from "./helpers/tcp-proxy.js";
 import { publisherFor, until, workerFactory } from "./helpers/worker.js";
@@ -163,6 +167,31 @@ describe("half-open connections", () => {
     } finally {
       await db.pool.query(`DROP OWNED BY "${role}"`);
       await db.pool.query(`DROP ROLE "${role}"`);
+    }
+  });
+  it("the service's readiness and metrics queries on black-holed connections do not starve the worker of its pool", async () => {
+    const config = serviceConfigSchema.parse({
+      databaseUrl: viaProxy(),
+      schema: db.schema,
+      handlers: path.resolve("test/fixtures/handlers.ts"),
+      worker: { leaseTtlMs: 3000, minPollIntervalMs: 20, maxPollIntervalMs: 200 },
+      http: { port: 0, host: "127.0.0.1", gaugeIntervalMs: 100 },
+      log: { level: "silent" },
+    });
+    const service = await startService(config, pino({ level: "silent" }));
+    try {
+      await publish("fast", 20);
+      await until(async () => (await remaining()) === 0, "rows delivered before the black-hole");
+      proxy.freezeOpen();
+      // Each probe runs its checks on pooled connections; stuck ones would keep their pool client for good.
+      for (let i = 0; i < 6; i++) {
+        const res = await fetch(`http://127.0.0.1:${service.httpPort}/readyz`);
+        await res.body?.cancel();
+      }
+      await publish("fast", 20);
+      await until(async () => (await remaining()) === 0, "rows delivered after the black-hole", 20_000);
+    } finally {
+      await service.stop();
     }
   });
 });

@@ -5,6 +5,7 @@ import { migrate } from "../migrate/migrator.js";
 import { createRelay } from "../relay/create-relay.js";
 import type { Relay } from "../relay/relay.js";
 import { redactConnectionString, registerUrlSecrets } from "../util/redact.js";
+import { defaultQueryTimeoutMs } from "../worker/options.js";
 import { createWorker, type StopResult, type Worker } from "../worker/worker.js";
 import { ConfigError, type ServiceConfig } from "./config.js";
 import { loadHandlersModule, type QueueHandlers } from "./handlers-module.js";
@@ -76,11 +77,16 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
       queues[queue] = { handler: relay.handler, rawPayload: true };
     }
 
+    const queryTimeoutMs = config.worker.queryTimeoutMs ?? defaultQueryTimeoutMs(config.worker.leaseTtlMs);
     const pool = new pg.Pool({
       connectionString: url,
       max: 8,
       application_name: "outbox-worker",
       keepAlive: true,
+      // Readiness and metrics share this pool with the worker: their round trips are bounded like the
+      // worker's, or a black-holed connection would keep its client forever and starve the worker.
+      connectionTimeoutMillis: queryTimeoutMs,
+      query_timeout: queryTimeoutMs,
     });
     pool.on("error", (error) =>
       log.warn({ err: error }, "idle database connection failed; the pool replaces it"),
