@@ -1,8 +1,10 @@
 /**
  * What wake-up notifications cost producers: 8 clients run single-row publish transactions for a few
  * seconds in each mode, a worker-like LISTEN connection attached, and the median of several runs is printed.
+ * With --statements it compares `publish` on named prepared statements (`preparedStatements: true`) with
+ * unnamed ones (the default, which works behind PgBouncer in transaction mode), with wake-ups off and on.
  *
- *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/test npx tsx bench/producer-notify.ts [seconds] [runs]
+ *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/test npx tsx bench/producer-notify.ts [seconds] [runs] [--statements]
  */
 import pg from "pg";
 import { migrate } from "../src/migrate/migrator.js";
@@ -11,8 +13,10 @@ import { createPublisher, type Publisher } from "../src/produce/publisher.js";
 import { outboxNames } from "../src/sql/names.js";
 
 const url = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
-const seconds = Number(process.argv[2] ?? 5);
-const runs = Number(process.argv[3] ?? 3);
+const positional = process.argv.slice(2).filter((a) => !a.startsWith("--"));
+const seconds = Number(positional[0] ?? 5);
+const runs = Number(positional[1] ?? 3);
+const statements = process.argv.includes("--statements");
 const CLIENTS = 8;
 const schema = "bench_producer";
 const names = outboxNames(schema);
@@ -23,7 +27,7 @@ interface Mode {
   publisher?: (pool: pg.Pool) => Publisher;
 }
 
-const modes: Mode[] = [
+const notifyModes: Mode[] = [
   { name: "plain INSERT (no notification)" },
   ...[5, 10, 20].map((cooldownMs) => ({
     name: `publish, throttled wake-ups (${cooldownMs} ms cooldown)`,
@@ -35,6 +39,21 @@ const modes: Mode[] = [
   },
   { name: "plain INSERT + optional trigger", trigger: true },
 ];
+
+// Named statements are parsed and planned once per connection; unnamed ones on every call.
+const statementModes: Mode[] = [
+  { name: "plain INSERT (no notification)" },
+  // Side by side within each run: unnamed, then named, for each notify setting.
+  ...[false, true].flatMap((wakeUps) =>
+    [false, true].map((preparedStatements) => ({
+      name: `publish, wake-ups ${wakeUps ? "on (default)" : "off"}, ${preparedStatements ? "named prepared" : "unnamed (default)"} statements`,
+      publisher: () =>
+        createPublisher({ schema, preparedStatements, ...(wakeUps ? {} : { notify: false as const }) }),
+    })),
+  ),
+];
+
+const modes = statements ? statementModes : notifyModes;
 
 async function runMode(pool: pg.Pool, mode: Mode): Promise<number> {
   const publisher = mode.publisher?.(pool);
