@@ -292,6 +292,35 @@ describe.skipIf(tx.skip !== undefined)("PgBouncer, transaction mode", () => {
         [],
       );
     });
+
+    it("OUTBOX_LISTEN_URL at the database gives the service its wake-ups back behind the pooler", async () => {
+      const p = startCli(["run", "--handlers", path.resolve("test/fixtures/handlers.ts")], {
+        DATABASE_URL: url,
+        OUTBOX_LISTEN_URL: db.url,
+        OUTBOX_SCHEMA: db.schema,
+        OUTBOX_PREPARED_STATEMENTS: "false",
+        OUTBOX_LOG_PRETTY: "false",
+        // So slow that only a wake-up can explain a prompt delivery.
+        OUTBOX_MIN_POLL_INTERVAL_MS: "60000",
+        OUTBOX_MAX_POLL_INTERVAL_MS: "60000",
+      });
+      running.push(p);
+      await p.waitFor("listener listening", 15_000);
+      // Published through the pooler, as the app's producers do: the commit's NOTIFY reaches the direct listener.
+      const producer = new pg.Client({ connectionString: url });
+      await producer.connect();
+      try {
+        await producer.query("BEGIN");
+        await createPublisher({ schema: db.schema, notify: { cooldownMs: 0 } }).publish(producer, "fast", {});
+        await producer.query("COMMIT");
+      } finally {
+        await producer.end();
+      }
+      await until(async () => (await remaining("fast")) === 0, "the row delivered on its wake-up", 10_000);
+      p.child.kill("SIGTERM");
+      expect(await p.exited, p.output()).toEqual({ code: 0, signal: null });
+      expect(p.output()).not.toContain(LISTEN_FALLBACK);
+    });
   });
 });
 

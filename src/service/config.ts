@@ -18,6 +18,7 @@ export const LOG_LEVELS = ["fatal", "error", "warn", "info", "debug", "trace", "
 export const serviceConfigSchema = z
   .strictObject({
     databaseUrl: z.string().min(1).optional(),
+    listenUrl: z.string().min(1).optional(),
     schema: z.string().default(DEFAULT_SCHEMA),
     handlers: z.string().min(1).optional(),
     relays: z.record(z.string(), relayConfigSchema).default({}),
@@ -115,6 +116,12 @@ export const configFields: ConfigField[] = [
     env: "DATABASE_URL",
     type: "string",
     description: "Postgres connection string; unset: an embedded Postgres in dataDir",
+  },
+  {
+    path: "listenUrl",
+    env: "OUTBOX_LISTEN_URL",
+    type: "string",
+    description: "LISTEN connection (default databaseUrl); behind a transaction pooler, the database itself",
   },
   { path: "schema", env: "OUTBOX_SCHEMA", type: "string", description: "outbox schema" },
   {

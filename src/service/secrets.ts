@@ -5,8 +5,11 @@ import type { ServiceConfig } from "./config.js";
  * Register every credential the service config holds, so logs, error texts (last_error, dead letters),
  * /readyz and CLI output mask it wherever it turns up, with or without its URL around it.
  */
-export function registerConfigSecrets(config: Pick<ServiceConfig, "databaseUrl" | "relays">): void {
+export function registerConfigSecrets(
+  config: Pick<ServiceConfig, "databaseUrl" | "listenUrl" | "relays">,
+): void {
   registerUrlSecrets(config.databaseUrl);
+  registerUrlSecrets(config.listenUrl);
   for (const relay of Object.values(config.relays)) {
     switch (relay.type) {
       case "http":

@@ -96,7 +96,8 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
     const worker = createWorker({
       ...config.worker,
       connection: pool,
-      listenConnection: url,
+      // Behind a transaction-mode pooler LISTEN never hears anything: listenUrl can bypass it.
+      listenConnection: config.listenUrl ?? url,
       schema: config.schema,
       queues,
       logger: log,

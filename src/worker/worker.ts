@@ -371,7 +371,7 @@ export function createWorker(input: WorkerOptions): Worker {
               warnedPollOnly = true;
               log.warn(
                 { listener: s, detail, maxPollIntervalMs: options.maxPollIntervalMs },
-                `LISTEN gets no notifications: a transaction-mode pooler (PgBouncer) accepts LISTEN but never delivers. Polling only: pickup latency rises from milliseconds to up to maxPollIntervalMs (${options.maxPollIntervalMs} ms). Point listenConnection at the database or a session-mode pooler to get wake-ups back`,
+                `LISTEN gets no notifications: a transaction-mode pooler (PgBouncer) accepts LISTEN but never delivers. Polling only: pickup latency rises from milliseconds to up to maxPollIntervalMs (${options.maxPollIntervalMs} ms). Point listenConnection (service: OUTBOX_LISTEN_URL) at the database or a session-mode pooler to get wake-ups back`,
               );
             } else {
               log.info({ listener: s, detail }, `listener ${s}`);
