@@ -18,13 +18,10 @@ import type { Relay } from "../src/relay/relay.js";
 import { serviceConfigSchema } from "../src/service/config.js";
 import { startService } from "../src/service/service.js";
 import { createWorker } from "../src/worker/worker.js";
+import { HOST, NATS_PORT, probeBrokers, RABBIT_URL, REDIS_PORT } from "./helpers/brokers.js";
 import { testDatabase } from "./helpers/database.js";
 import { until, workerFactory } from "./helpers/worker.js";
 
-const HOST = "127.0.0.1";
-const REDIS_PORT = 6379;
-const NATS_PORT = 4222;
-const RABBIT_URL = `amqp://guest:guest@${HOST}:5672`;
 /** Unique per run: broker names below never collide with another run's leftovers. */
 const RUN = `${Date.now().toString(36)}${process.pid.toString(36)}`;
 const logger = pino({ level: process.env.RELAY_TEST_LOG ?? "silent" });
@@ -158,46 +155,7 @@ describe("bytes in, bytes out: handlers", () => {
 
 // ---------------------------------------------------------------------------------------------- relays
 
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
-
-async function unreachable(what: string, probe: () => Promise<unknown>): Promise<string | undefined> {
-  try {
-    await Promise.race([
-      probe(),
-      sleep(3000).then(() => {
-        throw new Error("no answer within 3 s");
-      }),
-    ]);
-    return undefined;
-  } catch (error) {
-    const reason = `${what} unreachable (${error instanceof Error ? error.message : String(error)})`;
-    console.warn(`payload-bytes.test: skipping tests, ${reason}`);
-    return reason;
-  }
-}
-
-const redisDown = await unreachable(`Redis ${HOST}:${REDIS_PORT}`, async () => {
-  const client = new Redis({ host: HOST, port: REDIS_PORT, lazyConnect: true, maxRetriesPerRequest: 0 });
-  client.on("error", () => {});
-  try {
-    await client.connect();
-    await client.ping();
-  } finally {
-    client.disconnect();
-  }
-});
-const natsDown = await unreachable(`NATS JetStream ${HOST}:${NATS_PORT}`, async () => {
-  const nc = await natsConnect({ servers: `${HOST}:${NATS_PORT}`, timeout: 2000, reconnect: false });
-  try {
-    await (await nc.jetstreamManager()).getAccountInfo();
-  } finally {
-    await nc.close();
-  }
-});
-const rabbitDown = await unreachable(`RabbitMQ ${HOST}:5672`, async () => {
-  const model = await amqp.connect(RABBIT_URL, { timeout: 2000 });
-  await model.close();
-});
+const { redisDown, natsDown, rabbitDown } = await probeBrokers("payload-bytes.test");
 
 /** Relays made in a test are closed after it, even when it fails. */
 const relays: Relay[] = [];

@@ -11,12 +11,9 @@ import { OutboxConfigError } from "../src/errors.js";
 import { createRelay } from "../src/relay/create-relay.js";
 import type { Relay } from "../src/relay/relay.js";
 import type { MessageContext } from "../src/worker/options.js";
+import { HOST, NATS_PORT, probeBrokers, RABBIT_URL, REDIS_PORT } from "./helpers/brokers.js";
 import { startTcpProxy, type TcpProxy } from "./helpers/tcp-proxy.js";
 
-const HOST = "127.0.0.1";
-const REDIS_PORT = 6379;
-const NATS_PORT = 4222;
-const RABBIT_URL = `amqp://guest:guest@${HOST}:5672`;
 const BURST = 50;
 /** Unique per run: names below never collide with another run's leftovers. */
 const RUN = `${Date.now().toString(36)}${process.pid.toString(36)}`;
@@ -124,44 +121,7 @@ function expectDelivered(delivered: string[], ids: string[], twice: ReadonlySet<
   expect(wrong, "ids delivered a wrong number of times [id, copies]").toEqual([]);
 }
 
-async function unreachable(what: string, probe: () => Promise<unknown>): Promise<string | undefined> {
-  try {
-    await Promise.race([
-      probe(),
-      sleep(3000).then(() => {
-        throw new Error("no answer within 3 s");
-      }),
-    ]);
-    return undefined;
-  } catch (error) {
-    const reason = `${what} unreachable (${error instanceof Error ? error.message : String(error)})`;
-    console.warn(`relays.test: skipping tests, ${reason}`);
-    return reason;
-  }
-}
-
-const redisDown = await unreachable(`Redis ${HOST}:${REDIS_PORT}`, async () => {
-  const client = new Redis({ host: HOST, port: REDIS_PORT, lazyConnect: true, maxRetriesPerRequest: 0 });
-  client.on("error", () => {});
-  try {
-    await client.connect();
-    await client.ping();
-  } finally {
-    client.disconnect();
-  }
-});
-const natsDown = await unreachable(`NATS JetStream ${HOST}:${NATS_PORT}`, async () => {
-  const nc = await natsConnect({ servers: `${HOST}:${NATS_PORT}`, timeout: 2000, reconnect: false });
-  try {
-    await (await nc.jetstreamManager()).getAccountInfo();
-  } finally {
-    await nc.close();
-  }
-});
-const rabbitDown = await unreachable(`RabbitMQ ${HOST}:5672`, async () => {
-  const model = await amqp.connect(RABBIT_URL, { timeout: 2000 });
-  await model.close();
-});
+const { redisDown, natsDown, rabbitDown } = await probeBrokers("relays.test");
 
 /** Relays and proxies made in a test are closed after it, even when it fails. */
 const relays: Relay[] = [];

@@ -4,7 +4,7 @@ import { afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { serviceConfigSchema } from "../src/service/config.js";
 import { startService } from "../src/service/service.js";
 import { testDatabase } from "./helpers/database.js";
-import { startTcpProxy, type TcpProxy } from "./helpers/tcp-proxy.js";
+import { startPostgresProxy, type TcpProxy, throughProxy } from "./helpers/tcp-proxy.js";
 import { publisherFor, until, workerFactory } from "./helpers/worker.js";
 
 /**
@@ -20,18 +20,14 @@ let proxy: TcpProxy;
 beforeAll(() => db.migrate());
 beforeEach(async () => {
   await db.pool.query(`TRUNCATE ${db.names.messages}, ${db.names.deadLetters}`);
-  const target = new URL(db.url);
-  proxy = await startTcpProxy({ host: target.hostname, port: Number(target.port || 5432) });
+  proxy = await startPostgresProxy(db.url);
 });
 afterEach(async () => {
   await proxy.close();
 });
 
 function viaProxy(): string {
-  const url = new URL(db.url);
-  url.hostname = "127.0.0.1";
-  url.port = String(proxy.port);
-  return url.toString();
+  return throughProxy(db.url, proxy);
 }
 
 async function publish(queue: string, n: number): Promise<string[]> {

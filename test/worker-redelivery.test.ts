@@ -1,6 +1,6 @@
 import { beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { testDatabase } from "./helpers/database.js";
-import { startTcpProxy } from "./helpers/tcp-proxy.js";
+import { startPostgresProxy, throughProxy } from "./helpers/tcp-proxy.js";
 import { publisherFor, until, workerFactory } from "./helpers/worker.js";
 
 /**
@@ -81,12 +81,8 @@ describe("a row this worker leases again after its own lease ran out", () => {
   });
 
   it("after a database outage longer than the lease, each row is delivered at most twice and acked", async () => {
-    const target = new URL(db.url);
-    const proxy = await startTcpProxy({ host: target.hostname, port: Number(target.port || 5432) });
+    const proxy = await startPostgresProxy(db.url);
     try {
-      const viaProxy = new URL(db.url);
-      viaProxy.hostname = "127.0.0.1";
-      viaProxy.port = String(proxy.port);
       const ids = await db.inTransaction((c) =>
         outbox.publishMany(
           c,
@@ -96,7 +92,7 @@ describe("a row this worker leases again after its own lease ran out", () => {
       );
       const deliveries = new Map<string, number[]>();
       const worker = await workers.start({
-        connection: viaProxy.toString(),
+        connection: throughProxy(db.url, proxy),
         concurrency: 4,
         leaseTtlMs: 2000,
         heartbeatMs: 600,

@@ -141,3 +141,17 @@ export async function startTcpProxy(target: { host: string; port: number }): Pro
     },
   };
 }
+
+/** A Postgres URL to `url`'s server through `proxy`: same user, database and options, the proxy's address. */
+export function throughProxy(url: string, proxy: Pick<TcpProxy, "port">): string {
+  const proxied = new URL(url);
+  proxied.hostname = "127.0.0.1";
+  proxied.port = String(proxy.port);
+  return proxied.toString();
+}
+
+/** A proxy in front of the Postgres server that `url` names. */
+export function startPostgresProxy(url: string): Promise<TcpProxy> {
+  const target = new URL(url);
+  return startTcpProxy({ host: target.hostname, port: Number(target.port || 5432) });
+}
