@@ -1,6 +1,7 @@
 import { ConfigError, loadServiceConfig } from "../service/config.js";
 import { createLogger } from "../service/logger.js";
 import { startService } from "../service/service.js";
+import { StartupError } from "../service/startup.js";
 import { redactConnectionString } from "../util/redact.js";
 import { parseCommandArgs, UsageError } from "./args.js";
 
@@ -83,6 +84,12 @@ export async function runCommand(argv: string[]): Promise<number> {
     if (error instanceof ConfigError) {
       console.error(`outbox-worker run: ${error.message}`);
       return 2;
+    }
+    if (error instanceof StartupError) {
+      // One line says what to fix; a stack trace would only bury it.
+      log.fatal({ reason: error.message }, "could not start");
+      console.error(`outbox-worker run: ${error.message}`);
+      return 1;
     }
     log.fatal({ err: error }, "could not start");
     return 1;

@@ -23,6 +23,7 @@ export const serviceConfigSchema = z
     handlers: z.string().min(1).optional(),
     relays: z.record(z.string(), relayConfigSchema).default({}),
     migrate: z.boolean().default(false),
+    startupWaitMs: z.number().int().min(0).max(3_600_000).default(30_000),
     dataDir: z.string().min(1).default(".outbox-data"),
     worker: z.strictObject(workerTuningShape).default(() => z.strictObject(workerTuningShape).parse({})),
     http: z
@@ -137,6 +138,12 @@ export const configFields: ConfigField[] = [
     description: "queue → built-in relay (http, redis, nats, rabbitmq); JSON in the environment",
   },
   { path: "migrate", env: "OUTBOX_MIGRATE", type: "boolean", description: "apply migrations at start" },
+  {
+    path: "startupWaitMs",
+    env: "OUTBOX_STARTUP_WAIT_MS",
+    type: "integer",
+    description: "how long `run` waits at start for a database that is not up yet",
+  },
   {
     path: "dataDir",
     env: "OUTBOX_DATA_DIR",

@@ -13,6 +13,7 @@ import { startHttpServer } from "./http-server.js";
 import { createMetrics } from "./metrics.js";
 import { createReadiness } from "./readiness.js";
 import { registerConfigSecrets } from "./secrets.js";
+import { checkSchema, waitForDatabase } from "./startup.js";
 
 export interface RunningService {
   worker: Worker;
@@ -62,21 +63,6 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
       registerUrlSecrets(url);
     }
     log.info({ database: redactConnectionString(url), schema: config.schema }, "database");
-    if (config.migrate || embedded) {
-      const result = await migrate({ connection: url, schema: config.schema });
-      log.info({ applied: result.applied.map((m) => m.name), version: result.version }, "migrations checked");
-    }
-
-    const relays: Relay[] = [];
-    closers.push(() => Promise.all(relays.map((r) => r.close())));
-    const queues = { ...handlers };
-    for (const [queue, relayConfig] of Object.entries(config.relays)) {
-      const relay = await createRelay(relayConfig, { logger: log.child({ relay: relayConfig.type, queue }) });
-      relays.push(relay);
-      // Relays forward the stored JSON text as it is: no parse, no lost digits.
-      queues[queue] = { handler: relay.handler, rawPayload: true };
-    }
-
     const queryTimeoutMs = config.worker.queryTimeoutMs ?? defaultQueryTimeoutMs(config.worker.leaseTtlMs);
     const pool = new pg.Pool({
       connectionString: url,
@@ -92,6 +78,24 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
       log.warn({ err: error }, "idle database connection failed; the pool replaces it"),
     );
     closers.push(() => pool.end());
+
+    // Before anything says "running": fail fast on what no retry fixes, wait (bounded) for a server not up yet.
+    await waitForDatabase({ pool, schema: config.schema, waitMs: config.startupWaitMs, log });
+    if (config.migrate || embedded) {
+      const result = await migrate({ connection: url, schema: config.schema });
+      log.info({ applied: result.applied.map((m) => m.name), version: result.version }, "migrations checked");
+    }
+    await checkSchema({ pool, schema: config.schema });
+
+    const relays: Relay[] = [];
+    closers.push(() => Promise.all(relays.map((r) => r.close())));
+    const queues = { ...handlers };
+    for (const [queue, relayConfig] of Object.entries(config.relays)) {
+      const relay = await createRelay(relayConfig, { logger: log.child({ relay: relayConfig.type, queue }) });
+      relays.push(relay);
+      // Relays forward the stored JSON text as it is: no parse, no lost digits.
+      queues[queue] = { handler: relay.handler, rawPayload: true };
+    }
 
     const worker = createWorker({
       ...config.worker,

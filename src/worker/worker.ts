@@ -44,6 +44,7 @@ export interface Worker {
 }
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+const RETRY_WARN_INTERVAL_MS = 30_000;
 
 /** True if `promise` settles within `ms`. The timer is cleared either way, so it never holds the process open. */
 async function within(promise: Promise<unknown>, ms: number): Promise<boolean> {
@@ -114,6 +115,23 @@ export function createWorker(input: WorkerOptions): Worker {
     if (n) log.info({ loop, after: n }, `${loop} recovered`);
     failing.delete(loop);
   }
+  // Failed deliveries show at the default level, one line per queue per interval: an outage of a handler's
+  // target must be visible without flooding the log with a line per message.
+  const retryWarnings = new Map<string, { at: number; suppressed: number }>();
+  function warnRetry(queue: string, id: string, error: string) {
+    const now = Date.now();
+    const last = retryWarnings.get(queue);
+    if (last && now - last.at < RETRY_WARN_INTERVAL_MS) {
+      last.suppressed++;
+      return;
+    }
+    retryWarnings.set(queue, { at: now, suppressed: 0 });
+    log.warn(
+      { queue, id, error, since: last ? { retries: last.suppressed, ms: now - last.at } : undefined },
+      "deliveries failing; retrying with backoff (one line per queue every 30 s)",
+    );
+  }
+
   function fatal(error: Error) {
     if (fatalError || state !== "running") return;
     fatalError = error;
@@ -204,6 +222,7 @@ export function createWorker(input: WorkerOptions): Worker {
         if (emitter.hasListeners("acked")) emitter.emit("acked", { id, queue: q, durationMs: o.durationMs });
       } else if (o.kind === "retry") {
         log.debug({ id, queue: q, delayMs: o.delayMs, error: o.error }, "retry scheduled");
+        warnRetry(q, id, o.error);
         emitter.emit("retried", {
           id,
           queue: q,

@@ -1,0 +1,142 @@
+/**
+ * What the service checks before it says it runs: a database no retry can make usable (authentication, a
+ * missing database, an unmigrated schema, missing privileges) ends the start within seconds with one line;
+ * a database that is not up yet is waited for, within `startupWaitMs`, with a progress line. After a good
+ * start, outages are the worker's to retry.
+ */
+import type pg from "pg";
+import type { Logger } from "pino";
+import { MigrationError } from "../errors.js";
+import { migrationState } from "../migrate/migrator.js";
+import { outboxNames } from "../sql/names.js";
+import { scrubSecrets } from "../util/redact.js";
+
+/** The service cannot start; the message is one line for the operator (no stack trace is useful). */
+export class StartupError extends Error {
+  override name = "StartupError";
+}
+
+/** SQLSTATEs that no retry fixes, with what to check. */
+const PERMANENT: Readonly<Record<string, string>> = {
+  "28P01": "authentication failed: check the user and password in DATABASE_URL",
+  "28000":
+    "the server refused this user (no such role, or not allowed to log in): check the user in DATABASE_URL",
+  "3D000": "the database does not exist: check the database name in DATABASE_URL",
+  "42501": "permission denied: the user lacks a privilege the worker needs",
+};
+
+/** Network errors and server states that mean "not up yet": worth waiting for, within the startup wait. */
+const WAITABLE_CODES: ReadonlySet<string> = new Set([
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "ENOTFOUND", // a database host's name may resolve only once its container is up
+  "EAI_AGAIN",
+  "ETIMEDOUT",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "EPIPE",
+  "57P03", // cannot_connect_now: the database system is starting up
+  "53300", // too_many_connections
+]);
+
+function codeOf(error: unknown): string | undefined {
+  const code = (error as { code?: unknown } | null)?.code;
+  return typeof code === "string" ? code : undefined;
+}
+
+function describe(error: unknown): string {
+  const text = error instanceof Error ? error.message : String(error);
+  // Node's dual-stack connect failure has an empty message; its code says it all.
+  return scrubSecrets(text || codeOf(error) || "unknown error");
+}
+
+function waitable(error: unknown): boolean {
+  const code = codeOf(error);
+  if (code !== undefined) return WAITABLE_CODES.has(code);
+  // pg's own connect timeout and a connection dropped during the handshake carry no code.
+  return /timeout|terminated|ECONNREFUSED|ECONNRESET/i.test(error instanceof Error ? error.message : "");
+}
+
+export interface StartupCheckOptions {
+  pool: pg.Pool;
+  schema: string;
+  /** How long a database that is not up yet is waited for; 0 fails at the first refused connection. */
+  waitMs: number;
+  log: Logger;
+  sleep?: (ms: number) => Promise<void>;
+}
+
+/** Wait (bounded) until the database answers; fail at once on what no retry fixes. */
+export async function waitForDatabase(options: StartupCheckOptions): Promise<void> {
+  const { pool, waitMs, log } = options;
+  const sleep = options.sleep ?? ((ms: number) => new Promise<void>((r) => setTimeout(r, ms)));
+  const started = Date.now();
+  let lastProgress = 0;
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await pool.query("SELECT 1");
+      if (attempt > 1) log.info({ waitedMs: Date.now() - started }, "the database is up");
+      return;
+    } catch (error) {
+      const code = codeOf(error);
+      const permanent = code === undefined ? undefined : PERMANENT[code];
+      if (permanent)
+        throw new StartupError(`cannot use the database: ${permanent} (${code}: ${describe(error)})`);
+      if (!waitable(error)) throw new StartupError(`cannot use the database: ${describe(error)}`);
+      const waited = Date.now() - started;
+      if (waited >= waitMs) {
+        throw new StartupError(
+          `the database did not answer within the startup wait of ${waitMs} ms (startupWaitMs, OUTBOX_STARTUP_WAIT_MS): ${describe(error)}`,
+        );
+      }
+      // A progress line every few seconds, not one per attempt.
+      if (attempt === 1 || Date.now() - lastProgress >= 5000) {
+        lastProgress = Date.now();
+        log.warn(
+          { attempt, waitedMs: waited, startupWaitMs: waitMs, error: describe(error) },
+          "waiting for the database to come up",
+        );
+      }
+      await sleep(Math.min(250 * 2 ** Math.min(attempt - 1, 3), Math.max(0, waitMs - waited)));
+    }
+  }
+}
+
+/**
+ * The schema is migrated to this version and the user may do what the worker does. Fails with the command
+ * that fixes it.
+ */
+export async function checkSchema(options: Pick<StartupCheckOptions, "pool" | "schema">): Promise<void> {
+  const { pool, schema } = options;
+  const fix = `run \`outbox-worker migrate --schema ${schema}\` with the same DATABASE_URL (or start with --migrate)`;
+  let state: Awaited<ReturnType<typeof migrationState>>;
+  try {
+    state = await migrationState({ connection: pool, schema });
+  } catch (error) {
+    // Versions this package does not know, or a changed migration: not something to retry.
+    if (error instanceof MigrationError) throw new StartupError(`schema "${schema}": ${describe(error)}`);
+    const code = codeOf(error);
+    const permanent = code === undefined ? undefined : PERMANENT[code];
+    if (permanent)
+      throw new StartupError(`cannot read schema "${schema}": ${permanent} (${code}: ${describe(error)})`);
+    throw error;
+  }
+  if (state.applied.length === 0) throw new StartupError(`schema "${schema}" is not migrated: ${fix}`);
+  if (!state.current) {
+    throw new StartupError(
+      `schema "${schema}" is older than this version (migrations ${state.pending.join(", ")} pending): ${fix}`,
+    );
+  }
+  const names = outboxNames(schema);
+  // has_table_privilege with a list answers "any of them": one row per privilege.
+  const { rows } = await pool.query<{ missing: string[] }>(
+    `SELECT COALESCE(array_agg(p.priv || ' on ' || p.tbl) FILTER (WHERE NOT has_table_privilege(p.tbl, p.priv)), '{}') AS missing
+     FROM (VALUES ($1::text, 'SELECT'), ($1, 'UPDATE'), ($1, 'DELETE'),
+                  ($2::text, 'SELECT'), ($2, 'INSERT'), ($2, 'UPDATE')) AS p(tbl, priv)`,
+    [names.messages, names.deadLetters],
+  );
+  const missing = rows[0]?.missing ?? [];
+  if (missing.length > 0) {
+    throw new StartupError(`permission denied: the worker's user needs ${missing.join(" and ")}`);
+  }
+}
