@@ -1,4 +1,5 @@
 #!/usr/bin/env node
+import { readFileSync } from "node:fs";
 import { format } from "node:util";
 import { OutboxConfigError } from "../errors.js";
 import { registerSecrets, registerUrlSecrets, scrubSecrets } from "../util/redact.js";
@@ -53,7 +54,14 @@ ${Object.entries(commands)
   .map(([name, c]) => `  ${name.padEnd(13)} ${c.summary}`)
   .join("\n")}
 
-Run "outbox-worker <command> --help" for a command's options.`;
+Run "outbox-worker help <command>" or "outbox-worker <command> --help" for a command's options,
+"outbox-worker --version" for the version.`;
+
+/** The package's version, from its package.json: two levels up from both src/cli and dist/cli. */
+function packageVersion(): string {
+  const manifest = JSON.parse(readFileSync(new URL("../../package.json", import.meta.url), "utf8"));
+  return String(manifest.version);
+}
 
 /** Everything a password could hide in, so no error we print can leak it (`run` adds its config's). */
 function registerProcessSecrets(): void {
@@ -76,6 +84,19 @@ function scrubConsole(): void {
 
 async function main(argv: string[]): Promise<number> {
   const [name, ...rest] = argv;
+  if (name === "-v" || name === "--version") {
+    console.log(packageVersion());
+    return 0;
+  }
+  if (name === "help" && rest[0] !== undefined) {
+    const topic = commands[rest[0]];
+    if (!topic) {
+      console.error(`outbox-worker help: unknown command "${rest[0]}"\n\n${usage}`);
+      return 2;
+    }
+    console.log(topic.usage);
+    return 0;
+  }
   if (!name || name === "-h" || name === "--help" || name === "help") {
     console.log(usage);
     return name ? 0 : 2;
