@@ -50,7 +50,11 @@ async function failedStart(env: Record<string, string>) {
 
 describe("outbox-worker run at start", () => {
   it("a database that does not exist: exit 1 within seconds, one line naming it, never 'running'", async () => {
-    const r = await failedStart({ DATABASE_URL: withUrl((u) => void (u.pathname = "/no_such_database_x")) });
+    const r = await failedStart({
+      DATABASE_URL: withUrl((u) => {
+        u.pathname = "/no_such_database_x";
+      }),
+    });
     expect(r.code).toBe(1);
     expect(r.seconds).toBeLessThan(15); // the CLI's own start under tsx included; it used to retry for minutes
     expect(r.output).toContain("outbox-worker run: cannot use the database: the database does not exist");
@@ -58,7 +62,11 @@ describe("outbox-worker run at start", () => {
   });
 
   it("a user the server refuses: exit 1 within seconds, naming the user as the thing to check", async () => {
-    const r = await failedStart({ DATABASE_URL: withUrl((u) => void (u.username = "no_such_role_x")) });
+    const r = await failedStart({
+      DATABASE_URL: withUrl((u) => {
+        u.username = "no_such_role_x";
+      }),
+    });
     expect(r.code).toBe(1);
     expect(r.seconds).toBeLessThan(15);
     expect(r.output).toMatch(
@@ -121,7 +129,9 @@ describe("outbox-worker run at start", () => {
 
   it("past the startup wait: exit 1 naming the setting", async () => {
     const r = await failedStart({
-      DATABASE_URL: withUrl((u) => void (u.port = "1")),
+      DATABASE_URL: withUrl((u) => {
+        u.port = "1";
+      }),
       OUTBOX_STARTUP_WAIT_MS: "1000",
     });
     expect(r.code).toBe(1);

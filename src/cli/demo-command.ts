@@ -120,7 +120,14 @@ function percentile(sorted: number[], p: number): number {
 }
 
 /** Orders keep arriving while a worker relays them; one progress line a second. */
-async function live(url: string, pool: pg.Pool, schema: string, seconds: number, rate: number) {
+async function live(
+  url: string,
+  pool: pg.Pool,
+  schema: string,
+  seconds: number,
+  rate: number,
+  interrupted: AbortSignal,
+) {
   const names = outboxNames(schema);
   const outbox = createPublisher({ schema, notify: { connection: pool } });
   const committedAt = new Map<string, number>();
@@ -168,7 +175,8 @@ async function live(url: string, pool: pg.Pool, schema: string, seconds: number,
     lastDelivered = delivered;
   }, 1000);
   const inflight = new Set<Promise<void>>();
-  for (let i = 1; performance.now() - t0 < seconds * 1000; i++) {
+  // Ctrl-C ends the live phase like its timer does: no new orders, in-flight ones finish, the worker stops.
+  for (let i = 1; performance.now() - t0 < seconds * 1000 && !interrupted.aborted; i++) {
     const due = t0 + (i * 1000) / rate;
     const wait = due - performance.now();
     if (wait > 0) await new Promise((r) => setTimeout(r, wait));
@@ -204,7 +212,7 @@ async function live(url: string, pool: pg.Pool, schema: string, seconds: number,
   }
   await Promise.all(inflight);
   const deadline = performance.now() + 10_000;
-  while (delivered < placed - rolledBack && performance.now() < deadline)
+  while (delivered < placed - rolledBack && performance.now() < deadline && !interrupted.aborted)
     await new Promise((r) => setTimeout(r, 20));
   clearInterval(tick);
   await worker.stop();
@@ -254,13 +262,25 @@ export async function demoCommand(argv: string[]): Promise<number> {
   const schema = process.env.OUTBOX_SCHEMA ?? DEFAULT_SCHEMA;
   outboxNames(schema);
 
+  // Ctrl-C (or SIGTERM) stops at the next step and cleans up: worker, pool, embedded server; a second one
+  // exits at once. The embedded server's own signal hooks stay off: they would stop it under the demo.
+  const interruption = new AbortController();
+  const onSignal = (signal: NodeJS.Signals) => {
+    if (interruption.signal.aborted) process.exit(130);
+    console.log(`\n${signal}: stopping the demo (the worker, then the database) ...`);
+    interruption.abort();
+  };
+  process.on("SIGINT", onSignal);
+  process.on("SIGTERM", onSignal);
+  const interrupted = interruption.signal;
+
   let url = databaseUrlFrom(values["database-url"]);
   let stopEmbedded: (() => Promise<void>) | undefined;
   if (!url) {
     const dataDir = path.resolve((values["data-dir"] as string | undefined) ?? ".outbox-data");
     console.log(`No DATABASE_URL: starting an embedded Postgres in ${dataDir} ...`);
     const started = Date.now();
-    const server = await startEmbeddedPostgres({ dataDir, persistent: true });
+    const server = await startEmbeddedPostgres({ dataDir, persistent: true, handleSignals: false });
     console.log(`Embedded Postgres ready on port ${server.port} in ${Date.now() - started} ms`);
     url = server.url;
     stopEmbedded = server.stop;
@@ -284,12 +304,19 @@ export async function demoCommand(argv: string[]): Promise<number> {
     console.log(
       `\nPlaced ${orders} orders in ${Date.now() - started} ms: ${committed} committed (order + message), ${rolledBack} rolled back (neither).`,
     );
-    await showOutbox(pool, schema);
-    await deliver(url, pool, schema);
-    if (liveSeconds > 0) await live(url, pool, schema, liveSeconds, rate);
+    if (!interrupted.aborted) await showOutbox(pool, schema);
+    if (!interrupted.aborted) await deliver(url, pool, schema);
+    if (liveSeconds > 0 && !interrupted.aborted)
+      await live(url, pool, schema, liveSeconds, rate, interrupted);
+    if (interrupted.aborted) {
+      console.log("Demo stopped.");
+      return 130;
+    }
     return 0;
   } finally {
     await pool.end();
     await stopEmbedded?.();
+    process.off("SIGINT", onSignal);
+    process.off("SIGTERM", onSignal);
   }
 }

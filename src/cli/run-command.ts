@@ -1,3 +1,4 @@
+import { EmbeddedPostgresError } from "../embedded/embedded-postgres.js";
 import { ConfigError, loadServiceConfig } from "../service/config.js";
 import { createLogger } from "../service/logger.js";
 import { startService } from "../service/service.js";
@@ -85,7 +86,7 @@ export async function runCommand(argv: string[]): Promise<number> {
       console.error(`outbox-worker run: ${error.message}`);
       return 2;
     }
-    if (error instanceof StartupError) {
+    if (error instanceof StartupError || error instanceof EmbeddedPostgresError) {
       // One line says what to fix; a stack trace would only bury it.
       log.fatal({ reason: error.message }, "could not start");
       console.error(`outbox-worker run: ${error.message}`);

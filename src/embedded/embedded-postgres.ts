@@ -50,6 +50,8 @@ interface OsUser {
 
 const USER = "postgres";
 const PASSWORD_FILE = ".outbox-password";
+/** The pid of the process whose server runs on the folder: a live owner's server is never stopped by another run. */
+const OWNER_FILE = ".outbox-owner";
 const READY_MESSAGE = "database system is ready to accept connections";
 const LOG_TAIL_LINES = 40;
 const PORT_ATTEMPTS = 3;
@@ -68,9 +70,12 @@ export async function startEmbeddedPostgres(opts: EmbeddedPostgresOptions): Prom
     const password = initialised ? await readPassword(dataDir) : randomBytes(24).toString("hex");
     const ctx = { dataDir, password, persistent, log: new LogCollector(opts.onLog), deadline };
     const started = await startWithPortRetries(EmbeddedPostgres, ctx, opts.port, runAs !== null, initialised);
+    // After initdb (which wants an empty folder): from now on another run leaves this server alone.
+    if (persistent) await writeFile(path.join(dataDir, OWNER_FILE), String(process.pid));
     return makeHandle(started, dataDir, persistent, opts.stopTimeoutMs ?? 15_000);
   } catch (err) {
     if (!persistent) await removeDir(dataDir).catch(() => undefined);
+    else await releaseOwnership(dataDir);
     throw err;
   }
 }
@@ -134,8 +139,18 @@ function killLiveChildren(): void {
  * postmaster.pid whose process is gone is stale and Postgres clears it by itself.
  */
 async function stopLeftoverServer(dataDir: string, onNotice?: (message: string) => void): Promise<void> {
+  // The server of a run that is still going is in use: never stop it (a killed run's owner pid is dead).
+  const owner = Number(await readFile(path.join(dataDir, OWNER_FILE), "utf8").catch(() => ""));
   const pidFile = await readFile(path.join(dataDir, "postmaster.pid"), "utf8").catch(() => undefined);
-  const pid = Number(pidFile?.split("\n")[0]);
+  const lines = pidFile?.split("\n") ?? [];
+  if (Number.isInteger(owner) && owner > 0 && owner !== process.pid && processAlive(owner)) {
+    const port = Number(lines[3]);
+    throw new EmbeddedPostgresError(
+      `the embedded Postgres in ${dataDir} belongs to another run that is still going (pid ${owner}); it is not stopped. ` +
+        `Stop that run first, use another folder (OUTBOX_DATA_DIR), or share its database: DATABASE_URL=postgres://postgres:<the password in ${path.join(dataDir, PASSWORD_FILE)}>@127.0.0.1:${Number.isInteger(port) && port > 0 ? port : "<its port>"}/postgres`,
+    );
+  }
+  const pid = Number(lines[0]);
   if (!Number.isInteger(pid) || pid <= 0 || !processAlive(pid)) return;
   const cmdline = await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "");
   if (cmdline && !cmdline.includes("postgres")) return; // the pid was reused by something else
@@ -150,6 +165,13 @@ async function stopLeftoverServer(dataDir: string, onNotice?: (message: string) 
     }
     await sleep(50);
   }
+}
+
+/** Give the folder up, unless another process has claimed it meanwhile. */
+async function releaseOwnership(dataDir: string): Promise<void> {
+  const file = path.join(dataDir, OWNER_FILE);
+  const owner = await readFile(file, "utf8").catch(() => "");
+  if (owner === String(process.pid)) await rm(file, { force: true });
 }
 
 function processAlive(pid: number): boolean {
@@ -389,6 +411,7 @@ function makeHandle(
   const stop = async (): Promise<void> => {
     await killInstance(started.instance, stopTimeoutMs);
     if (!persistent) await removeDir(dataDir);
+    else await releaseOwnership(dataDir);
   };
   return {
     url: started.url,
