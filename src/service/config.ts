@@ -6,6 +6,7 @@ import { validateQueueName } from "../produce/queue.js";
 import { relayConfigSchema } from "../relay/config.js";
 import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
 import { parseJsonQuietly } from "../util/json-error.js";
+import { scrubSecrets } from "../util/redact.js";
 import { tuningIssues, workerTuningShape } from "../worker/options.js";
 
 /**
@@ -15,53 +16,107 @@ import { tuningIssues, workerTuningShape } from "../worker/options.js";
  */
 export const LOG_LEVELS = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
 
-export const serviceConfigSchema = z
-  .strictObject({
-    databaseUrl: z.string().min(1).optional(),
-    listenUrl: z.string().min(1).optional(),
-    schema: z.string().default(DEFAULT_SCHEMA),
-    handlers: z.string().min(1).optional(),
-    relays: z.record(z.string(), relayConfigSchema).default({}),
-    migrate: z.boolean().default(false),
-    startupWaitMs: z.number().int().min(0).max(3_600_000).default(30_000),
-    dataDir: z.string().min(1).default(".outbox-data"),
-    worker: z.strictObject(workerTuningShape).default(() => z.strictObject(workerTuningShape).parse({})),
-    http: z
-      .strictObject({
-        port: z.number().int().min(0).max(65_535).optional(),
-        host: z.string().min(1).default("0.0.0.0"),
-        gaugeIntervalMs: z.number().int().min(100).max(3_600_000).default(5000),
-      })
-      .default({ host: "0.0.0.0", gaugeIntervalMs: 5000 }),
-    log: z
-      .strictObject({ level: z.enum(LOG_LEVELS).default("info"), pretty: z.boolean().optional() })
-      .default({ level: "info" }),
-  })
-  .superRefine((c, ctx) => {
-    try {
-      validateSchemaName(c.schema);
-    } catch (error) {
-      ctx.addIssue({
-        code: "custom",
-        path: ["schema"],
-        message: (error as Error & { reason: string }).reason,
-      });
-    }
-    for (const queue of Object.keys(c.relays)) {
-      try {
-        validateQueueName(queue);
-      } catch (error) {
-        ctx.addIssue({
-          code: "custom",
-          path: ["relays", queue],
-          message: (error as Error & { reason: string }).reason,
-        });
-      }
-    }
-    for (const issue of tuningIssues(c.worker)) {
-      ctx.addIssue({ code: "custom", path: ["worker", ...issue.path], message: issue.message });
-    }
+/**
+ * What DATABASE_URL (and OUTBOX_LISTEN_URL) must look like; said in every error about them. The angle
+ * brackets keep it whole in CLI output, whose scrubber masks the user info of anything shaped as a URL.
+ */
+export const CONNECTION_URL_FORM = "postgres://<user>:<password>@<host>:5432/<database>";
+
+/**
+ * A connection string shown in an error: the user info (everything between "://" and the last "@", so a
+ * password with a stray "/" or "#" too) and sensitive query parameters masked. Never the raw value.
+ */
+function maskedConnectionString(raw: string): string {
+  const start = raw.indexOf("://");
+  const at = raw.lastIndexOf("@");
+  const masked = start >= 0 && at > start ? `${raw.slice(0, start + 3)}***${raw.slice(at)}` : raw;
+  return scrubSecrets(masked);
+}
+
+/**
+ * Why a connection string is not one node-postgres would connect with as meant, or undefined. pg itself
+ * takes almost anything (a libpq keyword string or an http:// URL resolve against a dummy base URL, and a
+ * port "abc" fails only when connecting), so the service checks before it connects. Accepted as pg
+ * documents them: postgres:// and postgresql:// URLs, socket: URLs and a leading "/" (a Unix socket).
+ */
+export function connectionUrlProblem(raw: string): string | undefined {
+  const expected = `expected a URL like ${CONNECTION_URL_FORM}`;
+  const value = raw.trim();
+  if (value.startsWith("/")) return undefined;
+  if (!/^[a-z][a-z0-9+.-]*:/i.test(value)) {
+    // The keywords only, never a value: one of them may be the password.
+    const keys = [...value.matchAll(/([A-Za-z_]+)\s*=/g)].map((m) => m[1]);
+    return keys.length > 0
+      ? `${expected}, got a libpq keyword/value string (${keys.join(", ")}); write it as a URL`
+      : `${expected}, got ${JSON.stringify(maskedConnectionString(value))}`;
+  }
+  const scheme = value.slice(0, value.indexOf(":") + 1).toLowerCase();
+  if (!["postgres:", "postgresql:", "socket:"].includes(scheme)) {
+    return `${expected}, got a URL of scheme ${scheme} (${JSON.stringify(maskedConnectionString(value))})`;
+  }
+  // As pg parses it: spaces encoded, and a URL without a host ("user@/db") given one for the check.
+  const encoded = /\s|%[^a-f0-9]|%[a-f0-9][^a-f0-9]/i.test(value)
+    ? encodeURI(value).replace(/%25(\d\d)/g, "%$1")
+    : value;
+  for (const candidate of [encoded, encoded.replace("@/", "@host/")]) {
+    if (URL.canParse(candidate)) return undefined;
+  }
+  return (
+    `${expected}, got ${JSON.stringify(maskedConnectionString(value))}, which is not a valid URL ` +
+    "(the port must be a number; percent-encode special characters of the user name and password)"
+  );
+}
+
+const connectionUrl = z
+  .string()
+  .min(1)
+  .superRefine((value, ctx) => {
+    const problem = connectionUrlProblem(value);
+    if (problem) ctx.addIssue({ code: "custom", message: problem });
   });
+
+/** The `reason` of a name validator's error, as a zod issue on the value it was given. */
+function nameCheck(validate: (name: string) => unknown) {
+  return (value: string, ctx: z.RefinementCtx) => {
+    try {
+      validate(value);
+    } catch (error) {
+      ctx.addIssue({ code: "custom", message: (error as Error & { reason: string }).reason });
+    }
+  };
+}
+
+const workerSchema = z.strictObject(workerTuningShape).superRefine((worker, ctx) => {
+  for (const issue of tuningIssues(worker)) {
+    ctx.addIssue({ code: "custom", path: issue.path, message: issue.message });
+  }
+});
+
+// Every check sits on its own field, none on the whole object: zod skips an object's refinements once
+// any of its fields is wrong, and a bad log level must not hide a bad schema name (all are listed at once).
+export const serviceConfigSchema = z.strictObject({
+  databaseUrl: connectionUrl.optional(),
+  listenUrl: connectionUrl.optional(),
+  schema: z.string().superRefine(nameCheck(validateSchemaName)).default(DEFAULT_SCHEMA),
+  handlers: z.string().min(1).optional(),
+  relays: z
+    .record(z.string().superRefine(nameCheck((queue) => validateQueueName(queue))), relayConfigSchema)
+    .default({}),
+  migrate: z.boolean().default(false),
+  startupWaitMs: z.number().int().min(0).max(3_600_000).default(30_000),
+  dataDir: z.string().min(1).default(".outbox-data"),
+  worker: workerSchema.default(() => workerSchema.parse({})),
+  http: z
+    .strictObject({
+      port: z.number().int().min(0).max(65_535).optional(),
+      host: z.string().min(1).default("0.0.0.0"),
+      gaugeIntervalMs: z.number().int().min(100).max(3_600_000).default(5000),
+    })
+    .default({ host: "0.0.0.0", gaugeIntervalMs: 5000 }),
+  log: z
+    .strictObject({ level: z.enum(LOG_LEVELS).default("info"), pretty: z.boolean().optional() })
+    .default({ level: "info" }),
+});
 
 export type ServiceConfig = z.output<typeof serviceConfigSchema>;
 export type ServiceConfigInput = z.input<typeof serviceConfigSchema>;
@@ -299,8 +354,36 @@ function unknownField(dotted: string): string {
 }
 
 /**
+ * OUTBOX_ variables that are read but are not config fields, so not refused as unknown. Keep this list
+ * short and say who reads each one; a field's own variable comes from configFields, never from here.
+ */
+export const NON_FIELD_ENV_VARIABLES: readonly string[] = [
+  // The config file itself: read by `outbox-worker run` (src/cli/run-command.ts) as --config's default.
+  "OUTBOX_CONFIG",
+  // Not here, though they start with OUTBOX_ in the source: the error code OUTBOX_LOCAL_QUEUE_ONTAKE and
+  // the test stream names OUTBOX_RELAY_TEST_* / OUTBOX_BYTES_TEST_* are no variables; tests, bench and
+  // compose set only field variables. A new non-field variable goes here, with who reads it.
+];
+
+/** A typo in a variable name would otherwise be ignored without a word: refuse it, naming the likely one. */
+function unknownVariables(env: NodeJS.ProcessEnv): string[] {
+  const known = new Set([...configFields.map((f) => f.env), ...NON_FIELD_ENV_VARIABLES]);
+  const problems: string[] = [];
+  for (const [name, value] of Object.entries(env)) {
+    // Set but empty counts as unset, for unknown variables as for known ones.
+    if (!name.startsWith("OUTBOX_") || known.has(name) || value === undefined || value === "") continue;
+    const best = configFields
+      .map((f) => ({ field: f, d: editDistance(name, f.env) }))
+      .sort((x, y) => x.d - y.d)[0];
+    const hint = best && best.d <= 3 ? ` (did you mean ${best.field.env} (${best.field.path})?)` : "";
+    problems.push(`${name}: unknown environment variable${hint}`);
+  }
+  return problems.sort();
+}
+
+/**
  * File, then environment, then flags. Every problem is collected and reported at once, before anything
- * connects, each with its field and environment variable.
+ * connects, each with its field and environment variable; an OUTBOX_ variable that is no field is one.
  */
 export async function loadServiceConfig(options: {
   file?: string;
@@ -310,7 +393,7 @@ export async function loadServiceConfig(options: {
   const env = options.env ?? process.env;
   const fromFile = options.file ? await readConfigFile(options.file) : {};
   const fromEnv: Record<string, unknown> = {};
-  const problems: string[] = [];
+  const problems: string[] = unknownVariables(env);
   for (const field of configFields) {
     const raw = env[field.env];
     if (raw === undefined || raw === "") continue;
@@ -328,6 +411,9 @@ export async function loadServiceConfig(options: {
     for (const issue of parsed.error.issues) {
       if (issue.code === "unrecognized_keys") {
         for (const key of issue.keys) problems.push(unknownField([...issue.path, key].map(String).join(".")));
+      } else if (issue.code === "invalid_key") {
+        // A record key's own check (a relay's queue name): its message, not zod's "Invalid key in record".
+        problems.push(`${fieldLabel(issue.path)}: ${issue.issues.map((i) => i.message).join("; ")}`);
       } else {
         problems.push(`${fieldLabel(issue.path)}: ${issue.message}`);
       }

@@ -1,5 +1,6 @@
 import path from "node:path";
 import { pathToFileURL } from "node:url";
+import { validateQueueName } from "../produce/queue.js";
 import type { Handler, QueueConfig } from "../worker/options.js";
 import { ConfigError } from "./config.js";
 
@@ -25,6 +26,16 @@ export async function loadHandlersModule(file: string): Promise<QueueHandlers> {
   }
   const problems: string[] = [];
   for (const [queue, entry] of Object.entries(exported)) {
+    // Checked here, not first in createWorker: a bad name is a config error (exit 2) before anything
+    // connects or an embedded Postgres starts.
+    try {
+      validateQueueName(queue);
+    } catch (error) {
+      problems.push(
+        `handlers (OUTBOX_HANDLERS): queue name in ${file}: ${(error as Error & { reason: string }).reason}`,
+      );
+      continue;
+    }
     const ok =
       typeof entry === "function" ||
       (entry && typeof entry === "object" && typeof (entry as { handler?: unknown }).handler === "function");

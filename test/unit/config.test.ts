@@ -128,6 +128,104 @@ describe("service config", () => {
     expect(found.join("\n")).toMatch(/relays\.q\.type \(OUTBOX_RELAYS\)|relays\.q \(OUTBOX_RELAYS\)/);
   });
 
+  it("refuses an unknown OUTBOX_ variable, naming the likely one; OUTBOX_CONFIG and other variables pass", async () => {
+    const found = await problems({
+      env: { OUTBOX_CONCURENCY: "4", OUTBOX_NOT_A_THING_AT_ALL: "x", OUTBOX_CONCURRENCY: "3" },
+    });
+    expect(found).toEqual([
+      "OUTBOX_CONCURENCY: unknown environment variable (did you mean OUTBOX_CONCURRENCY (worker.concurrency)?)",
+      "OUTBOX_NOT_A_THING_AT_ALL: unknown environment variable",
+    ]);
+    const config = await loadServiceConfig({
+      env: {
+        OUTBOX_CONFIG: "outbox.json",
+        OUTBOX_LOG_PRETTY: "true",
+        OUTBOX_EMPTY: "",
+        PATH: "/bin",
+        outbox_x: "1",
+      },
+    });
+    expect(config.log.pretty).toBe(true);
+  });
+
+  it("lists every wrong field at once, a bad log level among them", async () => {
+    const found = await problems({
+      env: {
+        OUTBOX_LOG_LEVEL: "loud",
+        OUTBOX_SCHEMA: "Bad-Name",
+        OUTBOX_LEASE_TTL_MS: "10000",
+        OUTBOX_HEARTBEAT_MS: "6000",
+        OUTBOX_RELAYS: JSON.stringify({
+          "bad queue": { type: "http", url: "http://x" },
+          q: { type: "smtp" },
+        }),
+        OUTBOX_HTTP_PORT: "70000",
+        DATABASE_URL: "host=db dbname=app",
+        OUTBOX_CONCURENCY: "4",
+      },
+      overrides: { "worker.concurency": 3 },
+    });
+    expect(found).toEqual(
+      expect.arrayContaining([
+        expect.stringMatching(/^log\.level \(OUTBOX_LOG_LEVEL\): /),
+        expect.stringMatching(/^schema \(OUTBOX_SCHEMA\): .*plain identifier/),
+        "worker.heartbeatMs (OUTBOX_HEARTBEAT_MS): must be at most half of leaseTtlMs (10000), got 6000",
+        expect.stringMatching(/^relays\.bad queue \(OUTBOX_RELAYS\): "bad queue" may only hold/),
+        expect.stringMatching(/^relays\.q\.type \(OUTBOX_RELAYS\)/),
+        expect.stringMatching(/^http\.port \(OUTBOX_HTTP_PORT\): /),
+        expect.stringMatching(/^databaseUrl \(DATABASE_URL\): /),
+        expect.stringMatching(/^OUTBOX_CONCURENCY: unknown environment variable/),
+        "worker.concurency: unknown field (did you mean worker.concurrency, OUTBOX_CONCURRENCY?)",
+      ]),
+    );
+    expect(found).toHaveLength(9);
+  });
+
+  it("refuses a DATABASE_URL that is not a postgres:// URL, naming the form and masking the password", async () => {
+    const form = "postgres://<user>:<password>@<host>:5432/<database>";
+    const cases: [string, RegExp][] = [
+      [
+        "host=db port=5432 dbname=app password=Sekret-1",
+        /libpq keyword\/value string \(host, port, dbname, password\)/,
+      ],
+      [
+        "postgres://app:Sekret-1@db:abc/app",
+        /got "postgres:\/\/\*\*\*@db:abc\/app", which is not a valid URL \(the port must be a number/,
+      ],
+      ["postgres://app:Sek#ret-1@db/app", /got "postgres:\/\/\*\*\*@db\/app", which is not a valid URL/],
+      ["http://app:Sekret-1@db/app", /got a URL of scheme http: \("http:\/\/\*\*\*@db\/app"\)/],
+      ["db.internal/app", /got "db\.internal\/app"$/],
+    ];
+    for (const [url, reason] of cases) {
+      const [problem, ...rest] = await problems({ env: { DATABASE_URL: url } });
+      expect(rest).toEqual([]);
+      expect(problem).toMatch(/^databaseUrl \(DATABASE_URL\): expected a URL like /);
+      expect(problem).toContain(form);
+      expect(problem).toMatch(reason);
+      expect(problem).not.toContain("Sekret");
+    }
+    // OUTBOX_LISTEN_URL and --database-url are held to the same form.
+    expect(await problems({ env: { OUTBOX_LISTEN_URL: "http://x/db" } })).toEqual([
+      expect.stringMatching(/^listenUrl \(OUTBOX_LISTEN_URL\): expected a URL like /),
+    ]);
+    expect(await problems({ env: {}, overrides: { databaseUrl: "dbname=app" } })).toEqual([
+      expect.stringMatching(/^databaseUrl \(DATABASE_URL\): .*libpq keyword/),
+    ]);
+    // Every form node-postgres connects with as meant is still taken.
+    for (const url of [
+      "postgres://postgres@127.0.0.1:5432/test",
+      "postgresql://app:p%40ss@db.internal/app?sslmode=require",
+      "postgres://app:pa ss@db/app",
+      "postgres://app:secret@/app?host=/var/run/postgresql",
+      "postgres:///app?host=/var/run/postgresql",
+      "postgres://app@[::1]:5432/app",
+      "socket:/var/run/postgresql?db=app",
+      "/var/run/postgresql app",
+    ]) {
+      expect((await loadServiceConfig({ env: { DATABASE_URL: url } })).databaseUrl).toBe(url);
+    }
+  });
+
   it("maps every field to a distinct OUTBOX_ variable (or DATABASE_URL)", () => {
     const envs = configFields.map((f) => f.env);
     expect(new Set(envs).size).toBe(envs.length);
