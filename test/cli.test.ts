@@ -1,10 +1,11 @@
 import { execFile } from "node:child_process";
-import { chmod, mkdtemp, rm } from "node:fs/promises";
+import { chmod, mkdtemp } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
 import { afterAll, describe, expect, it } from "vitest";
 import { testDatabase } from "./helpers/database.js";
+import { removeTempDir } from "./helpers/remove-temp-dir.js";
 
 const exec = promisify(execFile);
 const db = testDatabase("cli");
@@ -101,13 +102,17 @@ describe("outbox-worker CLI", () => {
   describe("demo", () => {
     const dirs: string[] = [];
     afterAll(async () => {
-      for (const d of dirs) await rm(d, { recursive: true, force: true });
+      // Also stops the embedded Postgres of a demo that timed out (exec kills it, not its server).
+      for (const d of dirs) await removeTempDir(d);
     });
 
     it("places orders on an existing database: committed ones have a message, rolled-back ones none", async () => {
       const schema = db.freshSchema("demo");
+      // demo_orders is created on the search path: in the fresh schema (dropped after the file), not public.
+      const url = new URL(db.url);
+      url.searchParams.set("options", `-c search_path=${schema}`);
       const out = await cli(["demo", "--orders", "10", "--live", "1"], {
-        DATABASE_URL: db.url,
+        DATABASE_URL: url.toString(),
         OUTBOX_SCHEMA: schema,
       });
       expect(out.code).toBe(0);
@@ -121,7 +126,7 @@ describe("outbox-worker CLI", () => {
       const { rows } = await db.pool.query(`SELECT count(*)::int AS n FROM "${schema}".messages`);
       expect(rows[0].n).toBe(0);
       expect(
-        (await db.pool.query("SELECT count(*)::int AS n FROM demo_orders")).rows[0].n,
+        (await db.pool.query(`SELECT count(*)::int AS n FROM "${schema}".demo_orders`)).rows[0].n,
       ).toBeGreaterThanOrEqual(9);
     });
 

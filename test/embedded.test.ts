@@ -1,16 +1,18 @@
-import { access, chmod, mkdir, mkdtemp, rm } from "node:fs/promises";
+import { access, chmod, mkdir, mkdtemp } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import pg from "pg";
 import { afterEach, describe, expect, it } from "vitest";
 import { startEmbeddedPostgres } from "../src/embedded/embedded-postgres.js";
+import { removeTempDir } from "./helpers/remove-temp-dir.js";
 
 // These tests start their own servers and never use the suite's provided database.
 describe("startEmbeddedPostgres", () => {
   const roots: string[] = [];
 
+  // removeTempDir also stops a server that a failed test did not get to stop.
   afterEach(async () => {
-    await Promise.all(roots.splice(0).map((root) => rm(root, { recursive: true, force: true })));
+    await Promise.all(roots.splice(0).map((root) => removeTempDir(root)));
   });
 
   async function tempRoot(mode = 0o755): Promise<string> {

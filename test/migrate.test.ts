@@ -1,17 +1,17 @@
-import { mkdtemp, readFile, writeFile } from "node:fs/promises";
-import { tmpdir } from "node:os";
+import { readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
 import pg from "pg";
 import { beforeAll, describe, expect, it } from "vitest";
 import { MigrationError, OutboxConfigError } from "../src/errors.js";
 import { migrate, migrationState, printMigrations } from "../src/migrate/migrator.js";
 import { testDatabase } from "./helpers/database.js";
+import { testTempDir } from "./helpers/temp-dir.js";
 
 const db = testDatabase("mig");
 
-/** A private migrations folder, so a test can add, reorder and edit files. */
+/** A private migrations folder, so a test can add, reorder and edit files; removed after the test. */
 async function migrationsDir(files: Record<string, string>): Promise<string> {
-  const dir = await mkdtemp(path.join(tmpdir(), "outbox-migrations-"));
+  const dir = await testTempDir("outbox-migrations-");
   for (const [name, sql] of Object.entries(files)) await writeFile(path.join(dir, name), sql);
   return dir;
 }

@@ -1,10 +1,11 @@
-import { chmod, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { chmod, mkdtemp, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { startEmbeddedPostgres } from "../src/embedded/embedded-postgres.js";
 import { type CliProcess, startCli } from "./helpers/cli-process.js";
 import { testDatabase } from "./helpers/database.js";
+import { removeTempDir } from "./helpers/remove-temp-dir.js";
 import { startPostgresProxy, throughProxy } from "./helpers/tcp-proxy.js";
 import { publisherFor, until } from "./helpers/worker.js";
 
@@ -18,8 +19,9 @@ beforeAll(() => db.migrate());
 afterEach(() => {
   for (const p of running.splice(0)) if (p.child.exitCode === null) p.child.kill("SIGKILL");
 });
+// Also stops an embedded Postgres a killed `run` left on its data folder (a zero-setup test that failed).
 afterAll(async () => {
-  for (const d of dirs) await rm(d, { recursive: true, force: true });
+  for (const d of dirs) await removeTempDir(d);
 });
 
 function run(args: string[], env: Record<string, string | undefined> = {}, cwd?: string): CliProcess {

@@ -4,6 +4,7 @@ import { homedir, tmpdir } from "node:os";
 import path from "node:path";
 import type { TestProject } from "vitest/node";
 import { startEmbeddedPostgres } from "../../src/embedded/embedded-postgres.js";
+import { startTempGuard } from "./temp-guard.js";
 
 declare module "vitest" {
   export interface ProvidedContext {
@@ -18,10 +19,24 @@ interface TestDatabase {
 }
 
 export default async function setup({ provide }: TestProject): Promise<() => Promise<void>> {
-  const db = await startTestDatabase();
+  // First, so that every temp folder of the run (the embedded test database's too) lands in its folder.
+  const guard = await startTempGuard();
+  let db: TestDatabase;
+  try {
+    db = await startTestDatabase();
+  } catch (error) {
+    await guard.check().catch(() => {});
+    throw error;
+  }
   provide("databaseUrl", db.url);
   console.log(`test database: ${db.source} (${redactUrl(db.url)})`);
-  return () => db.stop();
+  return async () => {
+    try {
+      await db.stop();
+    } finally {
+      await guard.check();
+    }
+  };
 }
 
 async function startTestDatabase(): Promise<TestDatabase> {

@@ -1,10 +1,10 @@
-import { mkdtemp, readFile, writeFile } from "node:fs/promises";
-import { tmpdir } from "node:os";
+import { readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { describe, expect, it } from "vitest";
 import { ConfigError, configFields, loadServiceConfig } from "../../src/service/config.js";
 import { renderConfigTable } from "../../src/service/config-table.js";
 import { prettyLine } from "../../src/service/logger.js";
+import { testTempDir } from "../helpers/temp-dir.js";
 
 async function problems(options: Parameters<typeof loadServiceConfig>[0]): Promise<string[]> {
   try {
@@ -32,7 +32,7 @@ describe("service config", () => {
   });
 
   it("reads the environment with types, and flags override it, which overrides the file", async () => {
-    const dir = await mkdtemp(path.join(tmpdir(), "outbox-config-"));
+    const dir = await testTempDir("outbox-config-");
     const file = path.join(dir, "c.json");
     await writeFile(
       file,
@@ -64,7 +64,7 @@ describe("service config", () => {
   });
 
   it("loads a JS module config (default export object or function)", async () => {
-    const dir = await mkdtemp(path.join(tmpdir(), "outbox-config-"));
+    const dir = await testTempDir("outbox-config-");
     const file = path.join(dir, "outbox.config.mjs");
     await writeFile(file, "export default () => ({ worker: { concurrency: 12 } });\n");
     expect((await loadServiceConfig({ file, env: {} })).worker.concurrency).toBe(12);
