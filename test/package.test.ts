@@ -4,7 +4,7 @@ import { mkdir, mkdtemp, readFile, rm, symlink, writeFile } from "node:fs/promis
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, inject, it } from "vitest";
 
 /**
  * The package as a user gets it: built with `npm run build` into dist/ (what `npm pack` ships), loaded
@@ -20,9 +20,16 @@ const BROKER_CLIENTS = ["amqplib", "ioredis", "nats"];
 let app: string;
 
 /** Runs node in the app folder; never throws on a non-zero exit. */
-async function node(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+async function node(
+  args: string[],
+  env: Record<string, string> = {},
+): Promise<{ code: number; stdout: string; stderr: string }> {
   try {
-    const { stdout, stderr } = await exec(process.execPath, args, { cwd: app, timeout: 30_000 });
+    const { stdout, stderr } = await exec(process.execPath, args, {
+      cwd: app,
+      timeout: 30_000,
+      env: { ...process.env, ...env },
+    });
     return { code: 0, stdout, stderr };
   } catch (error) {
     const e = error as { code: number; stdout: string; stderr: string };
@@ -161,5 +168,32 @@ describe("the built CLI", () => {
     const unknown = await cli("help", "frobnicate");
     expect(unknown.code).toBe(2);
     expect(unknown.stderr).toContain('unknown command "frobnicate"');
+  });
+
+  it("loads a TypeScript config file and handlers module (tsx in the project, as a TypeScript app has it)", async () => {
+    // A schema no one migrated: reaching that check proves both files loaded (a load error exits 2 first).
+    const schema = `ts_${Date.now().toString(36)}`;
+    await writeFile(
+      path.join(app, "outbox.config.ts"),
+      `interface Config { schema: string; worker: { concurrency: number } }\nconst config: Config = { schema: "${schema}", worker: { concurrency: 3 } };\nexport default config;\n`,
+    );
+    await writeFile(
+      path.join(app, "handlers.ts"),
+      "export default { fast: (_payload: unknown, message: { id: string }): void => void message.id };\n",
+    );
+    const out = await node(
+      [
+        path.join(ROOT, "dist/cli/main.js"),
+        "run",
+        "--config",
+        "outbox.config.ts",
+        "--handlers",
+        "handlers.ts",
+      ],
+      { DATABASE_URL: inject("databaseUrl"), OUTBOX_LOG_PRETTY: "false" },
+    );
+    expect(out.stderr).not.toContain("Unknown file extension");
+    expect(out.stderr).toContain(`schema "${schema}" is not migrated`);
+    expect(out.code).toBe(1);
   });
 });

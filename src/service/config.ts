@@ -1,6 +1,5 @@
 import { readFile } from "node:fs/promises";
 import path from "node:path";
-import { pathToFileURL } from "node:url";
 import { z } from "zod";
 import { validateQueueName } from "../produce/queue.js";
 import { relayConfigSchema } from "../relay/config.js";
@@ -8,6 +7,7 @@ import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
 import { parseJsonQuietly } from "../util/json-error.js";
 import { scrubSecrets } from "../util/redact.js";
 import { tuningIssues, workerTuningShape } from "../worker/options.js";
+import { importUserModule } from "./user-module.js";
 
 /**
  * The service's configuration: one zod schema, fed by a file (JSON or a JS/TS module), then environment
@@ -309,7 +309,7 @@ async function readConfigFile(file: string): Promise<Record<string, unknown>> {
     if (full.endsWith(".json")) {
       loaded = parseJsonQuietly(await readFile(full, "utf8"));
     } else {
-      const mod = (await import(pathToFileURL(full).href)) as { default?: unknown };
+      const mod = (await importUserModule(full)) as { default?: unknown };
       loaded = mod.default ?? mod;
       if (typeof loaded === "function") loaded = await (loaded as () => unknown)();
     }

@@ -1,8 +1,8 @@
 import path from "node:path";
-import { pathToFileURL } from "node:url";
 import { validateQueueName } from "../produce/queue.js";
 import type { Handler, QueueConfig } from "../worker/options.js";
 import { ConfigError } from "./config.js";
+import { importUserModule } from "./user-module.js";
 
 export type QueueHandlers = Record<string, Handler | QueueConfig>;
 
@@ -14,7 +14,7 @@ export async function loadHandlersModule(file: string): Promise<QueueHandlers> {
   const full = path.resolve(file);
   let mod: Record<string, unknown>;
   try {
-    mod = (await import(pathToFileURL(full).href)) as Record<string, unknown>;
+    mod = await importUserModule(full);
   } catch (error) {
     throw new ConfigError([`handlers (OUTBOX_HANDLERS): cannot load ${file}: ${(error as Error).message}`]);
   }
