@@ -97,6 +97,7 @@ const workerSchema = z.strictObject(workerTuningShape).superRefine((worker, ctx)
 export const serviceConfigSchema = z.strictObject({
   databaseUrl: connectionUrl.optional(),
   listenUrl: connectionUrl.optional(),
+  workerId: z.string().min(1).max(200).optional(),
   schema: z.string().superRefine(nameCheck(validateSchemaName)).default(DEFAULT_SCHEMA),
   handlers: z.string().min(1).optional(),
   relays: z
@@ -144,6 +145,7 @@ const TUNING_DESCRIPTIONS: Record<keyof typeof workerTuningShape, string> = {
   preparedStatements: "named prepared statements; false behind PgBouncer in transaction mode",
   queryTimeoutMs: "bound on each database round trip (default leaseTtlMs / 3, at most 10 s)",
   handlerTimeoutMs: "run time after which a handler is aborted and its attempt fails (timeout)",
+  poolSize: "the worker's database connections (the service adds 2; LISTEN takes 1 more)",
   maxDeliveries: "leases after which a row is dead-lettered as max_deliveries",
   maxAttempts: "failures (transient ones excluded) before retries_exhausted",
   completionBatchSize: "outcomes written per statement at most",
@@ -172,6 +174,12 @@ export const configFields: ConfigField[] = [
     env: "DATABASE_URL",
     type: "string",
     description: "Postgres connection string; unset: an embedded Postgres in dataDir",
+  },
+  {
+    path: "workerId",
+    env: "OUTBOX_WORKER_ID",
+    type: "string",
+    description: "this worker's name in acquired_by and logs (default the host name, e.g. the pod's)",
   },
   {
     path: "listenUrl",

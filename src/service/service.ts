@@ -66,7 +66,8 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
     const queryTimeoutMs = config.worker.queryTimeoutMs ?? defaultQueryTimeoutMs(config.worker.leaseTtlMs);
     const pool = new pg.Pool({
       connectionString: url,
-      max: 8,
+      // The worker's connections plus two for readiness and the metrics gauges.
+      max: config.worker.poolSize + 2,
       application_name: "outbox-worker",
       keepAlive: true,
       // Readiness and metrics share this pool with the worker: their round trips are bounded like the
@@ -99,6 +100,7 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
 
     const worker = createWorker({
       ...config.worker,
+      workerId: config.workerId,
       connection: pool,
       // Behind a transaction-mode pooler LISTEN never hears anything: listenUrl can bypass it.
       listenConnection: config.listenUrl ?? url,

@@ -66,6 +66,7 @@ export const workerTuningShape = {
   preparedStatements: z.boolean().default(true),
   queryTimeoutMs: z.number().int().min(100).max(3_600_000).optional(),
   handlerTimeoutMs: z.number().int().min(1).max(86_400_000).default(300_000),
+  poolSize: z.number().int().min(2).max(1000).default(6),
   maxDeliveries: z.number().int().min(1).max(1_000_000).default(25),
   maxAttempts: z.number().int().min(1).max(1_000_000).default(10),
   completionBatchSize: z.number().int().min(1).max(10_000).default(1000),
@@ -201,6 +202,17 @@ export type ResolvedOptions = Omit<
   workerId: string;
 };
 
+let workersInProcess = 0;
+
+/**
+ * The host name (a pod's name on Kubernetes), so `acquired_by` names the same replica across its restarts;
+ * a second worker in one process gets `#2`, and so on, in creation order.
+ */
+function defaultWorkerId(): string {
+  workersInProcess++;
+  return workersInProcess === 1 ? hostname() : `${hostname()}#${workersInProcess}`;
+}
+
 /**
  * The default bound on one database round trip: a third of the lease, at most 10 s. A statement stuck that
  * long is on a dead connection (a query of the worker takes milliseconds), and what it held is retried.
@@ -240,7 +252,7 @@ export function resolveWorkerOptions(input: WorkerOptions): ResolvedOptions {
     queues,
     heartbeatMs: o.heartbeatMs ?? Math.max(250, Math.floor(o.leaseTtlMs / 3)),
     queryTimeoutMs: o.queryTimeoutMs ?? defaultQueryTimeoutMs(o.leaseTtlMs),
-    workerId: o.workerId ?? `${hostname()}/${process.pid}/${Math.random().toString(36).slice(2, 6)}`,
+    workerId: o.workerId ?? defaultWorkerId(),
   };
 }
 

@@ -343,7 +343,7 @@ export function createWorker(input: WorkerOptions): Worker {
       pool = new pg.Pool({
         connectionString: options.connection,
         // fetch, three completion kinds side by side, heartbeat, and a spare for release on stop
-        max: 6,
+        max: options.poolSize,
         application_name: `outbox-worker ${options.workerId}`.slice(0, 63),
         keepAlive: true,
         // Connecting is a round trip too: bounded like the statements (a black-holed host never answers).
