@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { startEmbeddedPostgres } from "../src/embedded/embedded-postgres.js";
-import { type CliProcess, startCli } from "./helpers/cli-process.js";
+import { type CliProcess, serviceEnv, startCli } from "./helpers/cli-process.js";
 import { testDatabase } from "./helpers/database.js";
 import { removeTempDir } from "./helpers/remove-temp-dir.js";
 import { startPostgresProxy, throughProxy } from "./helpers/tcp-proxy.js";
@@ -25,18 +25,7 @@ afterAll(async () => {
 });
 
 function run(args: string[], env: Record<string, string | undefined> = {}, cwd?: string): CliProcess {
-  const p = startCli(
-    ["run", ...args],
-    {
-      DATABASE_URL: db.url,
-      OUTBOX_SCHEMA: db.schema,
-      OUTBOX_LOG_PRETTY: "false",
-      OUTBOX_MIN_POLL_INTERVAL_MS: "20",
-      OUTBOX_MAX_POLL_INTERVAL_MS: "200",
-      ...env,
-    },
-    cwd,
-  );
+  const p = startCli(["run", ...args], serviceEnv(db, env), cwd);
   running.push(p);
   return p;
 }

@@ -2,7 +2,7 @@ import path from "node:path";
 import { Writable } from "node:stream";
 import pino from "pino";
 import { afterEach, beforeAll, describe, expect, it } from "vitest";
-import { type CliProcess, startCli } from "./helpers/cli-process.js";
+import { type CliProcess, serviceEnv, startCli } from "./helpers/cli-process.js";
 import { testDatabase } from "./helpers/database.js";
 import { startPostgresProxy, throughProxy } from "./helpers/tcp-proxy.js";
 import { publisherFor, until, workerFactory } from "./helpers/worker.js";
@@ -23,13 +23,7 @@ afterEach(() => {
 });
 
 function run(env: Record<string, string>): CliProcess {
-  const p = startCli(["run", "--handlers", HANDLERS], {
-    OUTBOX_SCHEMA: db.schema,
-    OUTBOX_LOG_PRETTY: "false",
-    OUTBOX_MIN_POLL_INTERVAL_MS: "20",
-    OUTBOX_MAX_POLL_INTERVAL_MS: "200",
-    ...env,
-  });
+  const p = startCli(["run", "--handlers", HANDLERS], serviceEnv(db, env));
   running.push(p);
   return p;
 }

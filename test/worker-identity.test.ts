@@ -1,7 +1,7 @@
 import { hostname } from "node:os";
 import { afterEach, beforeAll, describe, expect, it } from "vitest";
 import { resolveWorkerOptions } from "../src/worker/options.js";
-import { type CliProcess, startCli } from "./helpers/cli-process.js";
+import { type CliProcess, serviceEnv, startCli } from "./helpers/cli-process.js";
 import { testDatabase } from "./helpers/database.js";
 import { publisherFor, until } from "./helpers/worker.js";
 
@@ -17,14 +17,7 @@ afterEach(() => {
 
 /** Runs the service on the slow fixture queue and returns acquired_by of the row it leases. */
 async function leasedBy(env: Record<string, string | undefined>): Promise<string> {
-  const p = startCli(["run", "--handlers", "test/fixtures/handlers.ts"], {
-    DATABASE_URL: db.url,
-    OUTBOX_SCHEMA: db.schema,
-    OUTBOX_LOG_PRETTY: "false",
-    OUTBOX_MIN_POLL_INTERVAL_MS: "20",
-    OUTBOX_MAX_POLL_INTERVAL_MS: "200",
-    ...env,
-  });
+  const p = startCli(["run", "--handlers", "test/fixtures/handlers.ts"], serviceEnv(db, env));
   running.push(p);
   await p.waitFor("outbox-worker running");
   const [id] = await db.inTransaction((c) => outbox.publishMany(c, "slow", [{ payload: {} }]));

@@ -65,3 +65,18 @@ export function startCli(args: string[], env: Record<string, string | undefined>
     },
   };
 }
+
+/** A service test's environment: its database and schema, JSON logs, fast polling; `more` overrides. */
+export function serviceEnv(
+  db: { url: string; schema: string },
+  more: Record<string, string | undefined> = {},
+): Record<string, string | undefined> {
+  return {
+    DATABASE_URL: db.url,
+    OUTBOX_SCHEMA: db.schema,
+    OUTBOX_LOG_PRETTY: "false",
+    OUTBOX_MIN_POLL_INTERVAL_MS: "20",
+    OUTBOX_MAX_POLL_INTERVAL_MS: "200",
+    ...more,
+  };
+}
