@@ -19,6 +19,8 @@ export type { MessageState, PeekedMessage, PeekOptions } from "./inspect/peek.js
 export { peekMessages } from "./inspect/peek.js";
 export type { QueueStatus } from "./inspect/status.js";
 export { queueStatus } from "./inspect/status.js";
+export type { TableHealth } from "./inspect/table-health.js";
+export { describeTableHealth, tableHealth } from "./inspect/table-health.js";
 export type { MigrateOptions, MigrateResult, MigrationState } from "./migrate/migrator.js";
 export { migrate, migrationState, printMigrations } from "./migrate/migrator.js";
 export { disableNotifyTrigger, enableNotifyTrigger } from "./migrate/notify-trigger.js";

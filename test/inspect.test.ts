@@ -144,7 +144,8 @@ describe("outbox-worker status", () => {
     const out = await cli(["status"], { OUTBOX_SCHEMA: s.schema });
     expect(out.stderr).toBe("");
     expect(out.code).toBe(0);
-    expect(out.stdout).toBe(
+    const [table, health] = out.stdout.split("\nmessages table: ");
+    expect(`${table}\n`).toBe(
       [
         "QUEUE   READY  SCHEDULED  LEASED  EXPIRED  DEAD  OLDEST READY",
         "mail        0          0       1        1     2             -",
@@ -152,6 +153,8 @@ describe("outbox-worker status", () => {
         "",
       ].join("\n"),
     );
+    // Then the table's health line (its figures: test/table-health.test.ts).
+    expect(health).toMatch(/^[\d,]+ dead tuples, .+\n$/);
   });
 
   it("--json prints one object per queue with numeric fields and ages in seconds", async () => {
@@ -178,7 +181,7 @@ describe("outbox-worker status", () => {
     const schema = await emptySchema("st0");
     const table = await cli(["status", "--schema", schema]);
     expect(table.code).toBe(0);
-    expect(table.stdout).toBe("no messages\n");
+    expect(table.stdout).toMatch(/^no messages\nmessages table: [\d,]+ dead tuples, .+\n$/);
     expect(JSON.parse((await cli(["status", "--schema", schema, "--json"])).stdout)).toEqual([]);
   });
 });

@@ -1,4 +1,5 @@
 import { queueStatus } from "../inspect/status.js";
+import { describeTableHealth, tableHealth } from "../inspect/table-health.js";
 import { DEFAULT_SCHEMA } from "../sql/names.js";
 import { parseCommandArgs, UsageError, withDatabase } from "./args.js";
 import { cell, formatAge, printJson, renderTable } from "./format.js";
@@ -6,7 +7,8 @@ import { cell, formatAge, printJson, renderTable } from "./format.js";
 export const statusUsage = `Usage: outbox-worker status [--schema NAME] [--database-url URL] [--json]
 
 Per queue: messages ready, scheduled (due later), leased, with an expired lease, dead letters, and the
-age of the oldest ready message. Reads only: no row lock, no lease, never slows or blocks a worker.
+age of the oldest ready message; then the messages table's dead tuples, size, last vacuum and whether
+autovacuum runs for it. Reads only: no row lock, no lease, never slows or blocks a worker.
 
 Options:
   --schema NAME        outbox schema (default: ${DEFAULT_SCHEMA}, or OUTBOX_SCHEMA)
@@ -31,8 +33,10 @@ export async function statusCommand(argv: string[]): Promise<number> {
       printJson(rows);
       return 0;
     }
+    const health = await tableHealth(client, schema);
     if (rows.length === 0) {
       console.log("no messages");
+      if (health) console.log(describeTableHealth(health));
       return 0;
     }
     const right = "right" as const;
@@ -58,6 +62,7 @@ export async function statusCommand(argv: string[]): Promise<number> {
         ]),
       ),
     );
+    if (health) console.log(describeTableHealth(health));
     return 0;
   });
 }

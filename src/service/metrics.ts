@@ -2,6 +2,7 @@ import type pg from "pg";
 import pino, { type Logger } from "pino";
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client";
 import { type QueueStatus, queueStatus } from "../inspect/status.js";
+import { tableHealth } from "../inspect/table-health.js";
 import type { ListenerState } from "../notify/notifier.js";
 import type { Worker } from "../worker/worker.js";
 
@@ -101,6 +102,30 @@ export function createMetrics(opts: MetricsOptions): Metrics {
     ),
   };
   const seenQueues = new Set<string>();
+  const table = {
+    dead: gauge("outbox_table_dead_tuples", "Dead row versions in the messages table, not vacuumed yet.", []),
+    bytes: gauge("outbox_table_size_bytes", "The messages table with its indexes and TOAST.", []),
+    lastVacuum: gauge(
+      "outbox_table_last_vacuum_timestamp_seconds",
+      "When the messages table was last (auto)vacuumed, Unix time; 0 when never.",
+      [],
+    ),
+    autovacuum: gauge(
+      "outbox_table_autovacuum_enabled",
+      "1 when autovacuum runs for the messages table.",
+      [],
+    ),
+  };
+
+  async function refreshTable(): Promise<void> {
+    const health = await tableHealth(opts.pool, opts.schema);
+    if (!health) return;
+    table.dead.set(health.dead_tuples);
+    table.bytes.set(health.total_bytes);
+    const last = health.last_autovacuum ?? health.last_vacuum;
+    table.lastVacuum.set(last ? last.getTime() / 1000 : 0);
+    table.autovacuum.set(health.autovacuum_enabled ? 1 : 0);
+  }
 
   function setGauges(rows: QueueStatus[]) {
     const present = new Set<string>();
@@ -136,11 +161,14 @@ export function createMetrics(opts: MetricsOptions): Metrics {
   let queued: Promise<void> | undefined;
   function refresh(): Promise<void> {
     if (!running) {
-      running = queueStatus(opts.pool, opts.schema)
-        .then(setGauges, (error: unknown) => {
-          refreshFailed(error);
-          throw error;
-        })
+      running = Promise.all([queueStatus(opts.pool, opts.schema), refreshTable()])
+        .then(
+          ([rows]) => setGauges(rows),
+          (error: unknown) => {
+            refreshFailed(error);
+            throw error;
+          },
+        )
         .finally(() => {
           running = undefined;
         });

@@ -13,7 +13,7 @@ import { startHttpServer } from "./http-server.js";
 import { createMetrics } from "./metrics.js";
 import { createReadiness } from "./readiness.js";
 import { registerConfigSecrets } from "./secrets.js";
-import { checkSchema, waitForDatabase } from "./startup.js";
+import { checkSchema, waitForDatabase, warnIfNotVacuumed } from "./startup.js";
 
 export interface RunningService {
   worker: Worker;
@@ -87,6 +87,7 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
       log.info({ applied: result.applied.map((m) => m.name), version: result.version }, "migrations checked");
     }
     await checkSchema({ pool, schema: config.schema });
+    await warnIfNotVacuumed(pool, config.schema, log);
 
     const relays: Relay[] = [];
     closers.push(() => Promise.all(relays.map((r) => r.close())));

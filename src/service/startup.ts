@@ -7,6 +7,7 @@
 import type pg from "pg";
 import type { Logger } from "pino";
 import { MigrationError } from "../errors.js";
+import { describeTableHealth, tableHealth } from "../inspect/table-health.js";
 import { migrationState } from "../migrate/migrator.js";
 import { outboxNames } from "../sql/names.js";
 import { scrubSecrets } from "../util/redact.js";
@@ -139,4 +140,17 @@ export async function checkSchema(options: Pick<StartupCheckOptions, "pool" | "s
   if (missing.length > 0) {
     throw new StartupError(`permission denied: the worker's user needs ${missing.join(" and ")}`);
   }
+}
+
+/**
+ * Every message leaves dead row versions; without autovacuum they pile up in the ready index and pickup
+ * slows (measured here: p50 0.9 → 13.7 ms over 7 minutes at 300 msg/s). Said once, at start.
+ */
+export async function warnIfNotVacuumed(pool: pg.Pool, schema: string, log: Logger): Promise<void> {
+  const health = await tableHealth(pool, schema);
+  if (!health || health.autovacuum_enabled) return;
+  log.warn(
+    { table: outboxNames(schema).messages, health: describeTableHealth(health) },
+    "autovacuum is off for the outbox table (server-wide or for the table): dead tuples will pile up and pickup slows; turn it on, or VACUUM the table often (see README, Table health)",
+  );
 }

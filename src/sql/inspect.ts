@@ -1,4 +1,4 @@
-import type { OutboxNames } from "./names.js";
+import { type OutboxNames, quoteLiteral } from "./names.js";
 
 /** One queue's numbers, as `status` prints them and the metrics gauges export them. */
 export interface QueueStatusRow {
@@ -37,4 +37,31 @@ SELECT COALESCE(m.queue, d.queue) AS queue,
        COALESCE(d.dead, 0) AS dead, m.oldest_ready_age_s
 FROM m FULL JOIN d ON d.queue = m.queue
 ORDER BY 1`;
+}
+
+/** The messages table's health: what vacuum has left to do, and whether it will. */
+export interface TableHealthRow {
+  /** Dead row versions not vacuumed yet (every message leaves about two). */
+  dead_tuples: number;
+  live_tuples: number;
+  /** Heap, indexes and TOAST. */
+  total_bytes: number;
+  last_autovacuum: Date | null;
+  last_vacuum: Date | null;
+  /** Server-wide `autovacuum` on and not switched off for this table. */
+  autovacuum_enabled: boolean;
+}
+
+/**
+ * One row from the cumulative statistics (a few hundred ms behind) and the catalog: reads nothing of the
+ * table itself, so it is cheap at any size.
+ */
+export function tableHealthSql(names: OutboxNames): string {
+  const table = quoteLiteral(names.messages);
+  return `SELECT COALESCE(s.n_dead_tup, 0)::float8 AS dead_tuples, COALESCE(s.n_live_tup, 0)::float8 AS live_tuples,
+       pg_total_relation_size(c.oid)::float8 AS total_bytes, s.last_autovacuum, s.last_vacuum,
+       current_setting('autovacuum') = 'on'
+         AND NOT COALESCE('autovacuum_enabled=false' = ANY (c.reloptions), false) AS autovacuum_enabled
+FROM pg_class AS c LEFT JOIN pg_stat_all_tables AS s ON s.relid = c.oid
+WHERE c.oid = to_regclass(${table})`;
 }
