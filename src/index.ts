@@ -17,8 +17,8 @@ export {
 } from "./inspect/dead-letters.js";
 export type { MessageState, PeekedMessage, PeekOptions } from "./inspect/peek.js";
 export { peekMessages } from "./inspect/peek.js";
-export type { QueueStatus } from "./inspect/status.js";
-export { queueStatus } from "./inspect/status.js";
+export type { QueueStatus, WorkerLeases } from "./inspect/status.js";
+export { queueStatus, workerLeases } from "./inspect/status.js";
 export type { TableHealth } from "./inspect/table-health.js";
 export { describeTableHealth, tableHealth } from "./inspect/table-health.js";
 export type { MigrateOptions, MigrateResult, MigrationState } from "./migrate/migrator.js";

@@ -144,8 +144,9 @@ describe("outbox-worker status", () => {
     const out = await cli(["status"], { OUTBOX_SCHEMA: s.schema });
     expect(out.stderr).toBe("");
     expect(out.code).toBe(0);
-    const [table, health] = out.stdout.split("\nmessages table: ");
-    expect(`${table}\n`).toBe(
+    const [tables, health] = out.stdout.split("\nmessages table: ");
+    const [queues, workers] = (tables ?? "").split("\n\n");
+    expect(`${queues}\n`).toBe(
       [
         "QUEUE   READY  SCHEDULED  LEASED  EXPIRED  DEAD  OLDEST READY",
         "mail        0          0       1        1     2             -",
@@ -153,6 +154,11 @@ describe("outbox-worker status", () => {
         "",
       ].join("\n"),
     );
+    // Per worker: worker-a's lease is seconds old and live, worker-b's five minutes old and expired.
+    const workerLines = (workers ?? "").split("\n");
+    expect(workerLines[0]).toBe("WORKER    HELD  EXPIRED  OLDEST LEASE");
+    expect(workerLines[1]).toMatch(/^worker-a\s+1\s+0\s+[\d.]+ s$/);
+    expect(workerLines[2]).toMatch(/^worker-b\s+1\s+1\s+5 min$/);
     // Then the table's health line (its figures: test/table-health.test.ts).
     expect(health).toMatch(/^[\d,]+ dead tuples, .+\n$/);
   });

@@ -1,4 +1,4 @@
-import { queueStatus } from "../inspect/status.js";
+import { queueStatus, workerLeases } from "../inspect/status.js";
 import { describeTableHealth, tableHealth } from "../inspect/table-health.js";
 import { DEFAULT_SCHEMA } from "../sql/names.js";
 import { parseCommandArgs, UsageError, withDatabase } from "./args.js";
@@ -7,7 +7,8 @@ import { cell, formatAge, printJson, renderTable } from "./format.js";
 export const statusUsage = `Usage: outbox-worker status [--schema NAME] [--database-url URL] [--json]
 
 Per queue: messages ready, scheduled (due later), leased, with an expired lease, dead letters, and the
-age of the oldest ready message; then the messages table's dead tuples, size, last vacuum and whether
+age of the oldest ready message; per worker (acquired_by) the rows it holds, expired leases and its
+oldest lease; then the messages table's dead tuples, size, last vacuum and whether
 autovacuum runs for it. Reads only: no row lock, no lease, never slows or blocks a worker.
 
 Options:
@@ -62,6 +63,25 @@ export async function statusCommand(argv: string[]): Promise<number> {
         ]),
       ),
     );
+    const workers = await workerLeases(client, schema);
+    if (workers.length > 0) {
+      console.log(
+        `\n${renderTable(
+          [
+            { header: "WORKER" },
+            { header: "HELD", align: right },
+            { header: "EXPIRED", align: right },
+            { header: "OLDEST LEASE", align: right },
+          ],
+          workers.map((w) => [
+            cell(w.worker),
+            String(w.held),
+            String(w.expired),
+            formatAge(w.oldest_lease_age_s),
+          ]),
+        )}`,
+      );
+    }
     if (health) console.log(describeTableHealth(health));
     return 0;
   });

@@ -1,5 +1,10 @@
 import { type Executor, run } from "../sql/executor.js";
-import { type QueueStatusRow, queueStatusSql } from "../sql/inspect.js";
+import {
+  type QueueStatusRow,
+  queueStatusSql,
+  type WorkerLeasesRow,
+  workerLeasesSql,
+} from "../sql/inspect.js";
 import { outboxNames } from "../sql/names.js";
 
 export type QueueStatus = QueueStatusRow;
@@ -8,4 +13,11 @@ export type QueueStatus = QueueStatusRow;
 export async function queueStatus(db: Executor, schema: string): Promise<QueueStatus[]> {
   const sql = queueStatusSql(outboxNames(schema));
   return run<QueueStatus>(db, { name: "", text: sql }, []);
+}
+
+export type WorkerLeases = WorkerLeasesRow;
+
+/** Per worker (acquired_by): rows it holds leases on, how many of those expired, its oldest lease. */
+export async function workerLeases(db: Executor, schema: string): Promise<WorkerLeases[]> {
+  return run<WorkerLeases>(db, { name: "", text: workerLeasesSql(outboxNames(schema)) }, []);
 }

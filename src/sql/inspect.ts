@@ -65,3 +65,26 @@ export function tableHealthSql(names: OutboxNames): string {
 FROM pg_class AS c LEFT JOIN pg_stat_all_tables AS s ON s.relid = c.oid
 WHERE c.oid = to_regclass(${table})`;
 }
+
+/** One worker's leases, as `status` prints them. */
+export interface WorkerLeasesRow {
+  /** `acquired_by`: the worker's id (its host name by default). */
+  worker: string;
+  /** Rows it holds a lease on (live or expired). */
+  held: number;
+  /** Of those, leases that ran out without an outcome: a stalled or dead worker. */
+  expired: number;
+  /** Seconds since its oldest lease was taken. */
+  oldest_lease_age_s: number;
+}
+
+/** Per worker: rows leased, expired leases, oldest lease. Reads the leased rows only (messages_leased_idx). */
+export function workerLeasesSql(names: OutboxNames): string {
+  return `SELECT COALESCE(acquired_by, '?') AS worker, count(*)::int AS held,
+       count(*) FILTER (WHERE lease_expires_at <= now())::int AS expired,
+       extract(epoch FROM now() - min(acquired_at))::float8 AS oldest_lease_age_s
+FROM ${names.messages}
+WHERE acquired_token IS NOT NULL
+GROUP BY 1
+ORDER BY 1`;
+}
