@@ -1,9 +1,8 @@
 import path from "node:path";
-import { Writable } from "node:stream";
-import pino from "pino";
 import { afterEach, beforeAll, describe, expect, it } from "vitest";
 import { type CliProcess, serviceEnv, startCli } from "./helpers/cli-process.js";
 import { testDatabase } from "./helpers/database.js";
+import { memoryLogger } from "./helpers/memory-logger.js";
 import { startPostgresProxy, throughProxy } from "./helpers/tcp-proxy.js";
 import { publisherFor, until, workerFactory } from "./helpers/worker.js";
 
@@ -139,16 +138,7 @@ describe("outbox-worker run at start", () => {
 
 describe("failed deliveries", () => {
   it("show at the default log level: one warn line per queue per interval, with the last error", async () => {
-    const lines: { level: number; msg: string; queue?: string; error?: string }[] = [];
-    const logger = pino(
-      { level: "info" },
-      new Writable({
-        write(chunk, _enc, done) {
-          for (const line of String(chunk).split("\n")) if (line) lines.push(JSON.parse(line));
-          done();
-        },
-      }),
-    );
+    const { lines, logger } = memoryLogger();
     await db.inTransaction((c) =>
       outbox.publishMany(
         c,

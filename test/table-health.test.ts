@@ -1,12 +1,11 @@
 import path from "node:path";
-import { Writable } from "node:stream";
-import pino from "pino";
 import { beforeAll, describe, expect, it } from "vitest";
 import { tableHealth } from "../src/inspect/table-health.js";
 import { serviceConfigSchema } from "../src/service/config.js";
 import { startService } from "../src/service/service.js";
 import { startCli } from "./helpers/cli-process.js";
 import { testDatabase } from "./helpers/database.js";
+import { memoryLogger } from "./helpers/memory-logger.js";
 import { until } from "./helpers/worker.js";
 
 /** Dead tuples slow pickup: the messages table's health is visible in status, /metrics and at start. */
@@ -25,20 +24,6 @@ beforeAll(async () => {
     "dead tuples counted",
   );
 });
-
-function memoryLogger() {
-  const lines: { level: number; msg: string; health?: string }[] = [];
-  const logger = pino(
-    { level: "info" },
-    new Writable({
-      write(chunk, _enc, done) {
-        for (const line of String(chunk).split("\n")) if (line) lines.push(JSON.parse(line));
-        done();
-      },
-    }),
-  );
-  return { lines, logger };
-}
 
 describe("table health", () => {
   it("status prints the messages table's dead tuples, size, last vacuum and autovacuum state", async () => {

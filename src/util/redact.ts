@@ -162,12 +162,3 @@ export function redactConnectionString(url: string): string {
     return scrubSecrets(url.replace(/^([a-z][a-z0-9+.-]*:\/\/)[^/?#]*@/i, `$1${MASK}@`));
   }
 }
-
-/** Replace every occurrence of the given secrets in free text (an error message that echoes a URL, say). */
-export function redactSecrets(text: string, secrets: readonly (string | undefined)[]): string {
-  let out = text;
-  for (const secret of secrets) {
-    if (secret && secret.length >= 3) out = out.replaceAll(secret, MASK);
-  }
-  return out;
-}
