@@ -196,7 +196,20 @@ export default {
     expect(exit.code, service.output()).toBe(0);
     expect(service.output()).toContain(`"servers":["nats://***@127.0.0.1:${port}"]`);
     expect(metrics).toContain('outbox_dead_lettered_total{queue="sec.echo",reason="rejected"} 1');
-    expect(JSON.parse(readyz)).toMatchObject({ ready: true });
+    // Every relay's broker is a closed port: /readyz says so, with each relay's (scrubbed) error.
+    expect(JSON.parse(readyz)).toMatchObject({
+      ready: false,
+      checks: {
+        database: { ok: true },
+        worker: { ok: true },
+        relays: {
+          ok: false,
+          relays: Object.fromEntries(
+            Object.keys(relays).map((q) => [q, { state: "unreachable", error: expect.any(String) }]),
+          ),
+        },
+      },
+    });
     const byQueue = Object.fromEntries(lastErrors.map((r) => [r.queue, r.last_error]));
     expect(byQueue["sec.nats"]).toContain(`nats://***@127.0.0.1:${port}`);
     expect(byQueue["sec.redis"]).toContain(`redis://***@127.0.0.1:${port}`);

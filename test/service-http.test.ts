@@ -293,6 +293,7 @@ describe("readiness", () => {
         migrations: { ok: true },
         listener: { ok: true, state: "listening" },
         worker: { ok: true, state: "running" },
+        relays: { ok: true, relays: {} },
       },
     });
 

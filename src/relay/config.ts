@@ -18,47 +18,84 @@ export const httpRelayConfigSchema = z.strictObject({
     .refine(
       (u) => !/^[a-z]+:\/\/[^/?#]*@/i.test(u),
       "must not hold credentials; send an authorization header",
-    ),
-  method: z.enum(["POST", "PUT"]).default("POST"),
-  timeoutMs: timeoutMs(10_000),
+    )
+    .describe("the receiver's URL (no credentials in it: send them in `headers`)"),
+  method: z.enum(["POST", "PUT"]).default("POST").describe("HTTP method"),
+  timeoutMs: timeoutMs(10_000).describe("per request; a timeout is retried"),
   /** Static headers sent with every request; they cannot override the relay's own headers. */
-  headers: z.record(headerName, headerValue).optional(),
-  hmacSecret: z.string().min(16, "must be at least 16 characters").optional(),
-  hmacHeader: headerName.default("x-outbox-signature"),
+  headers: z
+    .record(headerName, headerValue)
+    .optional()
+    .describe("static headers for every request, e.g. authorization (masked in logs)"),
+  hmacSecret: z
+    .string()
+    .min(16, "must be at least 16 characters")
+    .optional()
+    .describe("signs each body with HMAC-SHA256 into hmacHeader (16 characters or more)"),
+  hmacHeader: headerName.default("x-outbox-signature").describe("header carrying `sha256=<hex>`"),
 });
 
 export const redisRelayConfigSchema = z.strictObject({
   type: z.literal("redis"),
   url: z
     .url({ protocol: /^rediss?$/, error: "must be a redis:// or rediss:// URL" })
-    .default("redis://127.0.0.1:6379"),
-  stream: z.string().min(1),
-  maxLen: z.number().int().min(1).default(100_000),
-  timeoutMs: timeoutMs(5000),
+    .default("redis://127.0.0.1:6379")
+    .describe("Redis server"),
+  stream: z.string().min(1).describe("stream key to XADD to; `{queue}` is replaced by the message's queue"),
+  maxLen: z
+    .number()
+    .int()
+    .min(1)
+    .default(100_000)
+    .describe("approximate cap on the stream's length (`MAXLEN ~`); older entries are trimmed"),
+  timeoutMs: timeoutMs(5000).describe("connect and per-command timeout; a timeout is retried"),
 });
 
 export const natsRelayConfigSchema = z.strictObject({
   type: z.literal("nats"),
-  servers: z.union([z.string().min(1), z.array(z.string().min(1)).min(1)]).default("nats://127.0.0.1:4222"),
-  subject: z.string().regex(/^[^\s*>]+$/, "must be a subject without spaces or wildcards"),
-  /** Created (or extended to cover the subject) on connect; without it the stream must already exist. */
+  servers: z
+    .union([z.string().min(1), z.array(z.string().min(1)).min(1)])
+    .default("nats://127.0.0.1:4222")
+    .describe("NATS server URL, or a list of them"),
+  subject: z
+    .string()
+    .regex(/^[^\s*>]+$/, "must be a subject without spaces or wildcards")
+    .describe("subject to publish to; `{queue}` is replaced by the message's queue"),
+  /** Created on connect unless a stream already captures the subject; an existing stream is never changed. */
   stream: z
     .string()
     .regex(/^[^\s.*>/\\]+$/, "must be a stream name without spaces, dots, slashes or wildcards")
-    .optional(),
-  timeoutMs: timeoutMs(5000),
+    .optional()
+    .describe(
+      "JetStream stream created on connect for the subject, unless one already captures it; unset: a stream must capture it already",
+    ),
+  timeoutMs: timeoutMs(5000).describe("connect and per-publish timeout (waiting for the stream's ack)"),
 });
 
 export const rabbitmqRelayConfigSchema = z.strictObject({
   type: z.literal("rabbitmq"),
   url: z
     .url({ protocol: /^amqps?$/, error: "must be an amqp:// or amqps:// URL" })
-    .default("amqp://guest:guest@127.0.0.1:5672"),
-  exchange: z.string().default(""),
-  routingKey: z.string().min(1),
+    .default("amqp://guest:guest@127.0.0.1:5672")
+    .describe("RabbitMQ server"),
+  exchange: z
+    .string()
+    .default("")
+    .describe('exchange to publish to; "" is the default exchange (routing key = queue name)'),
+  exchangeType: z
+    .enum(["direct", "topic", "fanout", "headers"])
+    .optional()
+    .describe("declares the exchange (durable) with this type on connect; unset: it must exist"),
+  routingKey: z.string().min(1).describe("routing key; `{queue}` is replaced by the message's queue"),
   /** A durable queue asserted on every connect, and bound to `exchange` with the routing key when set. */
-  declareQueue: z.string().min(1).optional(),
-  timeoutMs: timeoutMs(10_000),
+  declareQueue: z
+    .string()
+    .min(1)
+    .optional()
+    .describe(
+      "durable queue declared on connect and bound to the exchange with the routing key (`{queue}` as `#`)",
+    ),
+  timeoutMs: timeoutMs(10_000).describe("connect and per-publish timeout (waiting for the broker's confirm)"),
 });
 
 export const relayConfigSchema = z.discriminatedUnion("type", [

@@ -4,6 +4,7 @@ import { PermanentError, TransientError } from "../dispatch/errors.js";
 import { redactConnectionString } from "../util/redact.js";
 import type { MessageContext } from "../worker/options.js";
 import { httpRelayConfigSchema, parseRelayConfig } from "./config.js";
+import { RelayHealthTracker } from "./health.js";
 import type { Relay, RelayDeps } from "./relay.js";
 
 const SNIPPET_CHARS = 200;
@@ -39,6 +40,8 @@ export async function createHttpRelay(
   const url = displayUrl(config.url);
   const target = `${config.method} ${url}`;
   const closing = new AbortController();
+  // No connection to watch: the last request says whether the receiver is there.
+  const health = new RelayHealthTracker(target, "ok");
   deps.logger.child({ relay: "http" }).info({ target }, "http relay ready");
 
   const handler = async (_payload: unknown, message: MessageContext): Promise<void> => {
@@ -62,8 +65,14 @@ export async function createHttpRelay(
         signal,
       });
     } catch (error) {
-      throw new TransientError(`${target}: ${failureReason(error, config.timeoutMs)}`, { cause: error });
+      const failure = new TransientError(`${target}: ${failureReason(error, config.timeoutMs)}`, {
+        cause: error,
+      });
+      if (!closing.signal.aborted && !message.signal.aborted) health.unreachable(failure);
+      throw failure;
     }
+    // Any answer, even a refusal, means the receiver is there.
+    health.ok();
     const { status } = response;
     if (status >= 200 && status < 300) {
       // Unread bodies keep the pooled socket busy until garbage collection.
@@ -80,6 +89,7 @@ export async function createHttpRelay(
   return {
     kind: "http",
     handler,
+    health: async () => health.snapshot(),
     close: async () => {
       closing.abort(new Error("relay closed"));
     },

@@ -2,6 +2,7 @@ import {
   connect,
   ErrorCode,
   type JetStreamClient,
+  type JetStreamManager,
   type MsgHdrs,
   type NatsConnection,
   NatsError,
@@ -14,6 +15,7 @@ import { redactConnectionString } from "../util/redact.js";
 import type { MessageContext } from "../worker/options.js";
 import { natsRelayConfigSchema, parseRelayConfig, QUEUE_PLACEHOLDER, renderTarget } from "./config.js";
 import { withDeadline } from "./deadline.js";
+import { type RelayHealth, RelayHealthTracker } from "./health.js";
 import { LazyConnection } from "./lazy-connection.js";
 import type { Relay, RelayDeps } from "./relay.js";
 import { throttledLog } from "./throttle.js";
@@ -23,10 +25,14 @@ const RETRY_CONNECT_AFTER_MS = 1000;
 const JS_MESSAGE_TOO_LARGE = 10054;
 /** JetStream API error: "stream name already in use with a different configuration". */
 const JS_STREAM_NAME_IN_USE = 10058;
+/** JetStream API error: "subjects overlap with an existing stream". */
+const JS_SUBJECTS_OVERLAP = 10065;
 
 interface NatsSession {
   nc: NatsConnection;
   js: JetStreamClient;
+  /** Made on first use: it costs a round trip (an account info request). */
+  jsm?: JetStreamManager;
   connected: boolean;
 }
 
@@ -37,8 +43,10 @@ interface NatsSession {
  * `Outbox-Queue`, `Outbox-Key` and `Outbox-Created-At`.
  *
  * A subject no stream captures answers "no responders": a configuration mistake, so it is transient and
- * logged rather than dead-lettering every message. With `stream` set, the stream is created on connect
- * with the subject (`{queue}` as `>` when it is the last token, else `*`); an existing one is left as it is.
+ * logged rather than dead-lettering every message, and `health()` reports the relay `misconfigured` (it
+ * looks for a capturing stream at connect and on every probe). With `stream` set, the stream is created on
+ * connect with the subject (`{queue}` as `>` when it is the last token, else `*`) unless a stream already
+ * captures it; an existing stream is never changed.
  * The connection is opened on first use and reconnects by itself; while it is down, messages fail as
  * transient at once instead of waiting in the client's buffer.
  */
@@ -53,6 +61,49 @@ export async function createNatsRelay(
   const logger = deps.logger.child({ relay: "nats", servers: shown });
   const logOnce = throttledLog(30_000);
   const streamSubject = config.stream === undefined ? undefined : streamSubjectFor(config.subject);
+  // With `{queue}` in the subject, the probe can only check the subject of the queue it serves.
+  const probeSubject =
+    deps.queue !== undefined || !config.subject.includes(QUEUE_PLACEHOLDER)
+      ? renderTarget(config.subject, deps.queue ?? "")
+      : undefined;
+  const health = new RelayHealthTracker(`${what} subject ${config.subject}`);
+
+  function reportMisconfigured(problem: string): void {
+    health.misconfigured(problem);
+    // One line per 30 s whichever way (probe or publish) the same mistake shows up.
+    logOnce("misconfigured", () =>
+      logger.error({ problem }, "nats relay target unusable; messages retry until it is fixed"),
+    );
+  }
+
+  /**
+   * Creates the configured stream when no stream captures the subject yet, then checks that one does: a
+   * subject no stream captures is refused on every publish ("no responders"), however often it is retried.
+   */
+  async function checkTarget(session: NatsSession): Promise<void> {
+    let jsm: JetStreamManager;
+    try {
+      session.jsm ??= await session.nc.jetstreamManager({ timeout: config.timeoutMs });
+      jsm = session.jsm;
+    } catch (error) {
+      if (error instanceof NatsError && error.code === ErrorCode.JetStreamNotEnabled) {
+        return reportMisconfigured(`JetStream is not enabled on ${what} (start nats-server with -js)`);
+      }
+      throw error;
+    }
+    if (config.stream !== undefined && streamSubject !== undefined) {
+      const problem = await ensureStream(jsm, config.stream, streamSubject);
+      if (problem !== undefined) return reportMisconfigured(problem);
+    }
+    if (probeSubject === undefined) return health.reachable();
+    const captured = await streamsCapturing(jsm, probeSubject);
+    if (captured.length > 0) return health.ok();
+    reportMisconfigured(
+      config.stream === undefined
+        ? `no JetStream stream captures subject ${probeSubject}: create one, or set the relay's "stream" to have it created`
+        : `no JetStream stream captures subject ${probeSubject}`,
+    );
+  }
 
   const connection: LazyConnection<NatsSession> = new LazyConnection({
     what,
@@ -68,18 +119,17 @@ export async function createNatsRelay(
         waitOnFirstConnect: false,
       });
       const session: NatsSession = { nc, js: nc.jetstream({ timeout: config.timeoutMs }), connected: true };
-      void watchStatus(session, logger);
+      void watchStatus(session, logger, health);
       void nc.closed().then((error) => {
         if (error) logger.warn({ error: errorMessage(error) }, "nats connection closed");
         connection.invalidate(session);
       });
-      if (config.stream !== undefined && streamSubject !== undefined) {
-        try {
-          await ensureStream(nc, config.stream, streamSubject, config.timeoutMs);
-        } catch (error) {
-          await nc.close().catch(() => {});
-          throw new TransientError(`${what}: cannot create stream ${config.stream}`, { cause: error });
-        }
+      health.reachable();
+      try {
+        await checkTarget(session);
+      } catch (error) {
+        await nc.close().catch(() => {});
+        throw new TransientError(`${what}: cannot check the JetStream stream`, { cause: error });
       }
       logger.info({ server: nc.getServer() }, "nats relay connected");
       return session;
@@ -87,12 +137,16 @@ export async function createNatsRelay(
   });
 
   await connection.get().catch((error: unknown) => {
+    health.unreachable(error);
     logger.warn({ error: errorMessage(error) }, "nats unreachable at startup; messages will be retried");
   });
 
   const handler = async (_payload: unknown, message: MessageContext): Promise<void> => {
     const subject = renderTarget(config.subject, message.queue);
-    const session = await connection.get();
+    const session = await connection.get().catch((error: unknown) => {
+      health.unreachable(error);
+      throw error;
+    });
     if (!session.connected) throw new TransientError(`${what}: disconnected, reconnecting`);
     // The stored JSON text, byte for byte: a re-serialised payload would round numbers beyond 2^53.
     const data = Buffer.from(message.rawPayload);
@@ -116,16 +170,29 @@ export async function createNatsRelay(
         timeoutMs: config.timeoutMs + 1000,
         what: `${what} publish ${subject}`,
       });
+      health.ok();
     } catch (error) {
-      throw classify(error, subject, () =>
-        logOnce(`no-stream:${subject}`, () =>
-          logger.error({ subject }, "no JetStream stream captures this subject; retrying, check the config"),
-        ),
+      const failure = classify(error, subject, () =>
+        reportMisconfigured(`no JetStream stream captures subject ${subject}`),
       );
+      // A timeout or a dropped connection; an aborted handler says nothing about the broker.
+      if (failure instanceof TransientError && !message.signal.aborted) health.unreachable(failure);
+      throw failure;
     }
   };
 
-  return { kind: "nats", handler, close: () => connection.close() };
+  async function relayHealth(): Promise<RelayHealth> {
+    try {
+      const session = await connection.get();
+      if (!session.connected) health.unreachable(new TransientError(`${what}: disconnected, reconnecting`));
+      else await withDeadline(checkTarget(session), { timeoutMs: config.timeoutMs, what: `${what}: probe` });
+    } catch (error) {
+      health.unreachable(error);
+    }
+    return health.snapshot();
+  }
+
+  return { kind: "nats", handler, health: relayHealth, close: () => connection.close() };
 }
 
 /** The stream subject covering every queue's subject. */
@@ -177,29 +244,55 @@ function classify(error: unknown, subject: string, onNoStream: () => void): Erro
   return new TransientError(`nats publish to ${subject} failed`, { cause: error });
 }
 
-async function watchStatus(session: NatsSession, logger: RelayDeps["logger"]): Promise<void> {
+async function watchStatus(
+  session: NatsSession,
+  logger: RelayDeps["logger"],
+  health: RelayHealthTracker,
+): Promise<void> {
   for await (const status of session.nc.status()) {
     if (status.type === "disconnect") {
       session.connected = false;
+      health.unreachable(new TransientError(`nats disconnected from ${String(status.data)}; reconnecting`));
       logger.warn("nats disconnected; reconnecting");
     } else if (status.type === "reconnect") {
       session.connected = true;
+      health.reachable();
       logger.info("nats reconnected");
     }
   }
 }
 
+/** Names of the streams whose subjects capture `subject`. */
+async function streamsCapturing(jsm: JetStreamManager, subject: string): Promise<string[]> {
+  const names: string[] = [];
+  for await (const name of jsm.streams.names(subject)) names.push(name);
+  return names;
+}
+
+/**
+ * Creates stream `name` for `subject` unless some stream already captures it. Answers the problem when the
+ * name is taken by a stream that does not capture the subject (its owner's settings are left alone).
+ */
 async function ensureStream(
-  nc: NatsConnection,
+  jsm: JetStreamManager,
   name: string,
   subject: string,
-  timeoutMs: number,
-): Promise<void> {
-  const jsm = await nc.jetstreamManager({ timeout: timeoutMs });
+): Promise<string | undefined> {
+  if ((await streamsCapturing(jsm, subject)).length > 0) return undefined;
   try {
     await jsm.streams.add({ name, subjects: [subject] });
+    return undefined;
   } catch (error) {
-    // Another worker created it first, or it exists with other settings: leave it as its owner made it.
-    if (!(error instanceof NatsError && error.api_error?.err_code === JS_STREAM_NAME_IN_USE)) throw error;
+    if (!(error instanceof NatsError)) throw error;
+    const code = error.api_error?.err_code;
+    // Another worker may have created it between our look and our add.
+    if ((await streamsCapturing(jsm, subject)).length > 0) return undefined;
+    if (code === JS_STREAM_NAME_IN_USE) {
+      return `JetStream stream ${name} exists but does not capture ${subject}: add the subject to it, or name another stream`;
+    }
+    if (code === JS_SUBJECTS_OVERLAP) {
+      return `cannot create JetStream stream ${name} for ${subject}: its subjects overlap another stream's`;
+    }
+    throw error;
   }
 }

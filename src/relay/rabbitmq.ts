@@ -5,6 +5,7 @@ import { redactConnectionString } from "../util/redact.js";
 import type { MessageContext } from "../worker/options.js";
 import { parseRelayConfig, QUEUE_PLACEHOLDER, rabbitmqRelayConfigSchema, renderTarget } from "./config.js";
 import { withDeadline } from "./deadline.js";
+import { type RelayHealth, RelayHealthTracker } from "./health.js";
 import { LazyConnection } from "./lazy-connection.js";
 import type { Relay, RelayDeps } from "./relay.js";
 import { throttledLog } from "./throttle.js";
@@ -39,6 +40,17 @@ export async function createRabbitmqRelay(
   const what = `rabbitmq ${url}`;
   const logger = deps.logger.child({ relay: "rabbitmq", url });
   const logOnce = throttledLog(30_000);
+  const health = new RelayHealthTracker(
+    `${what} exchange "${config.exchange}" routing key "${config.routingKey}"`,
+  );
+
+  function reportMisconfigured(problem: string): void {
+    health.misconfigured(problem);
+    // One line per 30 s whichever way (probe or publish) the same mistake shows up.
+    logOnce("misconfigured", () =>
+      logger.error({ problem }, "rabbitmq relay target unusable; messages retry until it is fixed"),
+    );
+  }
 
   const connection: LazyConnection<RabbitSession> = new LazyConnection({
     what,
@@ -62,6 +74,8 @@ export async function createRabbitmqRelay(
         session = { model, channel, returned: new Map() };
         const returned = session.returned;
         channel.on("error", (error: Error) => {
+          // A missing exchange closes the channel; the declare that hit it reports it.
+          if (isNotFound(error)) return;
           logOnce("channel", () => logger.error({ error: errorMessage(error) }, "rabbitmq channel error"));
         });
         channel.on("close", drop);
@@ -72,16 +86,28 @@ export async function createRabbitmqRelay(
         await declare(channel);
       } catch (error) {
         await model.close().catch(() => {});
+        if (isNotFound(error)) {
+          reportMisconfigured(
+            `exchange "${config.exchange}" does not exist: create it, or set the relay's exchangeType to have it declared`,
+          );
+          throw new TransientError(`${what}: exchange "${config.exchange}" does not exist`, { cause: error });
+        }
         throw error;
       }
+      // The exchange is there (and the queue, when declared): whatever was wrong at the last connect is fixed.
+      health.ok();
       logger.info("rabbitmq relay connected");
       return session;
     },
   });
 
   async function declare(channel: ConfirmChannel): Promise<void> {
-    // A missing exchange fails here, once per connect, rather than closing the channel on every publish.
-    if (config.exchange !== "") await channel.checkExchange(config.exchange);
+    if (config.exchange !== "" && config.exchangeType !== undefined) {
+      await channel.assertExchange(config.exchange, config.exchangeType, { durable: true });
+    } else if (config.exchange !== "") {
+      // A missing exchange fails here, once per connect, rather than closing the channel on every publish.
+      await channel.checkExchange(config.exchange);
+    }
     if (config.declareQueue === undefined) return;
     await channel.assertQueue(config.declareQueue, { durable: true });
     if (config.exchange !== "") {
@@ -95,13 +121,17 @@ export async function createRabbitmqRelay(
   }
 
   await connection.get().catch((error: unknown) => {
+    health.unreachable(error);
     logger.warn({ error: errorMessage(error) }, "rabbitmq unreachable at startup; messages will be retried");
   });
 
   const handler = async (_payload: unknown, message: MessageContext): Promise<void> => {
     const routingKey = renderTarget(config.routingKey, message.queue);
     const target = `${what} exchange "${config.exchange}" routing key "${routingKey}"`;
-    const session = await connection.get();
+    const session = await connection.get().catch((error: unknown) => {
+      health.unreachable(error);
+      throw error;
+    });
     // The stored JSON text, byte for byte: a re-serialised payload would round numbers beyond 2^53.
     const content = Buffer.from(message.rawPayload);
     const headers: Record<string, string> = { ...message.headers, "x-outbox-queue": message.queue };
@@ -117,17 +147,19 @@ export async function createRabbitmqRelay(
       };
       try {
         session.channel.publish(config.exchange, routingKey, content, options, (error: unknown) => {
-          if (error) return reject(new TransientError(`${target}: not confirmed`, { cause: error }));
+          if (error) {
+            const failure = new TransientError(`${target}: not confirmed`, { cause: error });
+            health.unreachable(failure);
+            return reject(failure);
+          }
           // The broker sends basic.return before the ack of the same message.
           if (takeReturned(session, message.id)) {
-            logOnce(`unroutable:${routingKey}`, () =>
-              logger.error(
-                { routingKey },
-                "rabbitmq returned the message as unroutable; retrying, check the config",
-              ),
+            reportMisconfigured(
+              `no queue is bound to exchange "${config.exchange}" for routing key "${routingKey}": messages are returned as unroutable`,
             );
             return reject(new TransientError(`${target}: unroutable, no queue is bound`));
           }
+          health.ok();
           resolve();
         });
       } catch (error) {
@@ -140,7 +172,21 @@ export async function createRabbitmqRelay(
     await withDeadline(confirmed, { signal: message.signal, timeoutMs: config.timeoutMs, what: target });
   };
 
-  return { kind: "rabbitmq", handler, close: () => connection.close() };
+  async function relayHealth(): Promise<RelayHealth> {
+    // Opens the connection when it is down, which checks (or declares) the exchange again.
+    await connection.get().then(
+      () => health.reachable(),
+      (error: unknown) => health.unreachable(error),
+    );
+    return health.snapshot();
+  }
+
+  return { kind: "rabbitmq", handler, health: relayHealth, close: () => connection.close() };
+}
+
+/** The broker closed the channel with 404 NOT_FOUND: an exchange (or queue) that does not exist. */
+function isNotFound(error: unknown): boolean {
+  return typeof error === "object" && error !== null && (error as { code?: unknown }).code === 404;
 }
 
 function takeReturned(session: RabbitSession, id: string): boolean {

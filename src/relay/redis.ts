@@ -3,8 +3,9 @@ import type { z } from "zod";
 import { errorMessage, TransientError } from "../dispatch/errors.js";
 import { redactConnectionString } from "../util/redact.js";
 import type { MessageContext } from "../worker/options.js";
-import { parseRelayConfig, redisRelayConfigSchema, renderTarget } from "./config.js";
+import { parseRelayConfig, QUEUE_PLACEHOLDER, redisRelayConfigSchema, renderTarget } from "./config.js";
 import { withDeadline } from "./deadline.js";
+import { RelayHealthTracker } from "./health.js";
 import type { Relay, RelayDeps } from "./relay.js";
 import { throttledLog } from "./throttle.js";
 
@@ -37,10 +38,20 @@ export async function createRedisRelay(
     socketTimeout: config.timeoutMs,
     retryStrategy: (times) => Math.min(times * 100, MAX_RECONNECT_DELAY_MS),
   });
+  // With `{queue}` in the stream name, the probe can only check the stream of the queue it serves.
+  const probeStream =
+    deps.queue !== undefined || !config.stream.includes(QUEUE_PLACEHOLDER)
+      ? renderTarget(config.stream, deps.queue ?? "")
+      : undefined;
+  const health = new RelayHealthTracker(`redis ${url} stream ${config.stream}`);
   client.on("error", (error: unknown) => {
+    health.unreachable(error);
     logOnce("connection", () => logger.warn({ error: errorMessage(error) }, "redis connection error"));
   });
-  client.on("ready", () => logger.info("redis relay connected"));
+  client.on("ready", () => {
+    health.reachable();
+    logger.info("redis relay connected");
+  });
 
   try {
     await withDeadline(client.connect(), { timeoutMs: config.timeoutMs, what: `redis ${url}: connect` });
@@ -69,9 +80,12 @@ export async function createRedisRelay(
         timeoutMs: config.timeoutMs,
         what,
       });
+      health.ok();
     } catch (error) {
       if (error instanceof TransientError) throw error;
       if (isReplyError(error)) {
+        // WRONGTYPE and the like: the key exists as something else; no retry fixes that by itself.
+        health.misconfigured(`redis refused XADD to ${stream}: ${errorMessage(error)}`);
         logOnce(`reply:${stream}`, () =>
           logger.error(
             { stream, error: errorMessage(error) },
@@ -91,7 +105,26 @@ export async function createRedisRelay(
     })();
     return closing;
   };
-  return { kind: "redis", handler, close };
+  async function probe(): Promise<void> {
+    if (client.status !== "ready") {
+      health.unreachable(new TransientError(`redis ${url}: not connected (${client.status})`));
+      return;
+    }
+    health.reachable();
+    if (probeStream === undefined) return;
+    const type = await withDeadline(client.type(probeStream), {
+      timeoutMs: config.timeoutMs,
+      what: `redis ${url} TYPE ${probeStream}`,
+    });
+    if (type === "stream" || type === "none") health.ok();
+    else health.misconfigured(`redis key ${probeStream} is a ${type}, not a stream: XADD is refused`);
+  }
+
+  const relayHealth = async () => {
+    await probe().catch((error: unknown) => health.unreachable(error));
+    return health.snapshot();
+  };
+  return { kind: "redis", handler, health: relayHealth, close };
 }
 
 function isReplyError(error: unknown): boolean {

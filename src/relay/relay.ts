@@ -1,5 +1,6 @@
 import type { Logger } from "pino";
 import type { Handler } from "../worker/options.js";
+import type { RelayHealth } from "./health.js";
 
 /**
  * A built-in handler that forwards each message to a broker. Its handler throws TransientError (or a
@@ -9,10 +10,17 @@ import type { Handler } from "../worker/options.js";
 export interface Relay {
   readonly kind: string;
   readonly handler: Handler;
+  /**
+   * Whether the target can take messages: what the last connect and publish said, refreshed by a cheap
+   * probe of the broker where there is one (bounded by the relay's `timeoutMs`). `/readyz` shows it.
+   */
+  health(): Promise<RelayHealth>;
   close(): Promise<void>;
 }
 
 /** What every relay factory needs besides its config. */
 export interface RelayDeps {
   logger: Logger;
+  /** The queue this relay serves, when it is one: lets a probe check the target `{queue}` names. */
+  queue?: string;
 }

@@ -1,6 +1,8 @@
 import type pg from "pg";
 import { migrationState } from "../migrate/migrator.js";
 import type { ListenerState } from "../notify/notifier.js";
+import type { RelayHealth } from "../relay/health.js";
+import type { Relay } from "../relay/relay.js";
 import { registerSecrets, registerUrlSecrets, scrubSecrets } from "../util/redact.js";
 import type { Worker } from "../worker/worker.js";
 
@@ -9,9 +11,14 @@ export interface ReadinessOptions {
   schema: string;
   /** Whether the worker LISTENs; when off the listener check always passes. */
   listen: boolean;
-  /** Bound on each database round trip of a check. */
+  /** Bound on each database round trip of a check, and on each relay's probe. */
   timeoutMs?: number;
+  /** Built-in relays by queue: ready only while each can reach its target and the target exists. */
+  relays?: Record<string, Pick<Relay, "kind" | "health">>;
 }
+
+/** One relay in the report: its type and health. */
+export type RelayReport = { type: string } & RelayHealth;
 
 export type WorkerState = "new" | "running" | "stopping" | "stopped" | "fatal";
 
@@ -22,6 +29,7 @@ export interface ReadinessReport {
     migrations: { ok: boolean; pending?: number[]; error?: string };
     listener: { ok: boolean; state: ListenerState | "disabled"; note?: string };
     worker: { ok: boolean; state: WorkerState; error?: string };
+    relays: { ok: boolean; relays: Record<string, RelayReport> };
   };
 }
 
@@ -96,9 +104,26 @@ export function createReadiness(opts: ReadinessOptions): Readiness {
     return { ok: workerState === "running", state: workerState };
   }
 
+  async function relays(): Promise<ReadinessReport["checks"]["relays"]> {
+    const entries = await Promise.all(
+      Object.entries(opts.relays ?? {}).map(async ([queue, relay]): Promise<[string, RelayReport]> => {
+        try {
+          const health = await within(relay.health(), `relay ${queue} check`);
+          const report = { type: relay.kind, ...health };
+          if (report.error !== undefined) report.error = describe(report.error);
+          return [queue, report];
+        } catch (error) {
+          return [queue, { type: relay.kind, state: "unreachable", target: "", error: describe(error) }];
+        }
+      }),
+    );
+    // An unreachable broker or a target that cannot exist: this worker cannot deliver those queues.
+    return { ok: entries.every(([, r]) => r.state === "ok"), relays: Object.fromEntries(entries) };
+  }
+
   async function run(): Promise<ReadinessReport> {
-    const [db, mig] = await Promise.all([database(), migrations()]);
-    const checks = { database: db, migrations: mig, listener: listener(), worker: worker() };
+    const [db, mig, rel] = await Promise.all([database(), migrations(), relays()]);
+    const checks = { database: db, migrations: mig, listener: listener(), worker: worker(), relays: rel };
     return { ready: Object.values(checks).every((c) => c.ok), checks };
   }
 

@@ -89,12 +89,15 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
     await checkSchema({ pool, schema: config.schema });
     await warnIfNotVacuumed(pool, config.schema, log);
 
-    const relays: Relay[] = [];
-    closers.push(() => Promise.all(relays.map((r) => r.close())));
+    const relays: Record<string, Relay> = {};
+    closers.push(() => Promise.all(Object.values(relays).map((r) => r.close())));
     const queues = { ...handlers };
     for (const [queue, relayConfig] of Object.entries(config.relays)) {
-      const relay = await createRelay(relayConfig, { logger: log.child({ relay: relayConfig.type, queue }) });
-      relays.push(relay);
+      const relay = await createRelay(relayConfig, {
+        logger: log.child({ relay: relayConfig.type, queue }),
+        queue,
+      });
+      relays[queue] = relay;
       // Relays forward the stored JSON text as it is: no parse, no lost digits.
       queues[queue] = { handler: relay.handler, rawPayload: true };
     }
@@ -119,7 +122,12 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
         gaugeIntervalMs: config.http.gaugeIntervalMs,
         logger: log,
       });
-      const readiness = createReadiness({ pool, schema: config.schema, listen: config.worker.listen });
+      const readiness = createReadiness({
+        pool,
+        schema: config.schema,
+        listen: config.worker.listen,
+        relays,
+      });
       metrics.observe(worker);
       readiness.observe(worker);
       // /readyz turns 503 as soon as a stop begins, so a load balancer stops sending work here.

@@ -1,0 +1,208 @@
+import { createHmac } from "node:crypto";
+import { readFile, writeFile } from "node:fs/promises";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import path from "node:path";
+import amqp from "amqplib";
+import { Redis } from "ioredis";
+import { connect as natsConnect } from "nats";
+import { afterEach, beforeAll, describe, expect, it } from "vitest";
+import { HOST, NATS_PORT, probeBrokers, RABBIT_URL, REDIS_PORT } from "./helpers/brokers.js";
+import { type CliProcess, serviceEnv, startCli } from "./helpers/cli-process.js";
+import { testDatabase } from "./helpers/database.js";
+import { testTempDir } from "./helpers/temp-dir.js";
+import { publisherFor, until } from "./helpers/worker.js";
+
+// The README's relay example, pasted as it is into relays.json and run by the CLI against this machine's
+// default brokers: every relay must be ready and deliver. A relay whose target cannot exist must show in
+// /readyz and in the log.
+
+const db = testDatabase("readme");
+const outbox = publisherFor(db.schema);
+const { redisDown, natsDown, rabbitDown } = await probeBrokers("readme-relays.test");
+const brokersDown = [redisDown, natsDown, rabbitDown].filter((r) => r !== undefined);
+
+beforeAll(() => db.migrate());
+const running: CliProcess[] = [];
+const cleanups: (() => Promise<unknown>)[] = [];
+afterEach(async () => {
+  for (const p of running.splice(0)) if (p.child.exitCode === null) p.child.kill("SIGKILL");
+  for (const c of cleanups.splice(0).reverse()) await c().catch(() => {});
+});
+
+/** The first ```json block of the README's "Built-in relays" section, as text. */
+async function readmeRelayExample(): Promise<string> {
+  const readme = await readFile("README.md", "utf8");
+  const section = readme.split("### Built-in relays")[1] ?? "";
+  const block = /```json\n([\s\S]*?)```/.exec(section)?.[1];
+  if (block === undefined) throw new Error("no JSON example in the README's Built-in relays section");
+  return block;
+}
+
+async function runService(configText: string): Promise<{ p: CliProcess; base: string }> {
+  const dir = await testTempDir("outbox-readme-");
+  const file = path.join(dir, "relays.json");
+  await writeFile(file, configText);
+  const p = startCli(["run", "--config", file, "--http-port", "0"], serviceEnv(db));
+  running.push(p);
+  const listening = JSON.parse(await p.waitFor("http server listening"));
+  await p.waitFor("outbox-worker running");
+  return { p, base: `http://127.0.0.1:${listening.port}` };
+}
+
+interface Readyz {
+  ready: boolean;
+  checks: {
+    relays: { ok: boolean; relays: Record<string, { state: string; error?: string; target: string }> };
+  };
+}
+
+async function readyz(base: string): Promise<{ status: number; body: Readyz }> {
+  const response = await fetch(`${base}/readyz`);
+  return { status: response.status, body: (await response.json()) as Readyz };
+}
+
+describe.skipIf(brokersDown.length > 0)("the README relay example", () => {
+  it("runs as pasted against the default local brokers: ready, and every queue delivered", async () => {
+    const example = await readmeRelayExample();
+    const config = JSON.parse(example) as { relays: Record<string, Record<string, string>> };
+    const webhook = new URL(config.relays["order.placed"]?.url ?? "");
+    const secret = config.relays["order.placed"]?.hmacSecret ?? "";
+
+    // The webhook receiver the example points at; elsewhere if that port is taken on this machine.
+    const received: { body: string; signature: string | undefined }[] = [];
+    const receiver = http.createServer((req, res) => {
+      let body = "";
+      req.on("data", (chunk) => {
+        body += chunk;
+      });
+      req.on("end", () => {
+        received.push({ body, signature: req.headers["x-outbox-signature"] as string | undefined });
+        res.writeHead(204).end();
+      });
+    });
+    let text = example;
+    await new Promise<void>((resolve) => {
+      receiver.once("error", () => {
+        console.warn(`readme-relays.test: port ${webhook.port} is taken; the receiver listens elsewhere`);
+        receiver.listen(0, HOST, () => {
+          const moved = `http://${HOST}:${(receiver.address() as AddressInfo).port}${webhook.pathname}`;
+          text = example.replace(webhook.toString(), moved);
+          resolve();
+        });
+      });
+      receiver.listen(Number(webhook.port), webhook.hostname, resolve);
+    });
+    cleanups.push(() => new Promise((resolve) => receiver.close(resolve)));
+
+    const { base } = await runService(text);
+    const ready = await readyz(base);
+    expect(ready.body.checks.relays).toMatchObject({
+      ok: true,
+      relays: Object.fromEntries(
+        Object.keys(config.relays).map((q) => [q, expect.objectContaining({ state: "ok" })]),
+      ),
+    });
+    expect(ready.status).toBe(200);
+
+    const ids: Record<string, string> = {};
+    await db.inTransaction(async (c) => {
+      for (const queue of Object.keys(config.relays)) {
+        ids[queue] = await outbox.publish(c, queue, { queue, at: Date.now() });
+      }
+    });
+    await until(async () => {
+      const { rows } = await db.pool.query(`SELECT count(*)::int AS n FROM ${db.names.messages}`);
+      return rows[0].n === 0;
+    }, "every message delivered");
+    const { rows: dead } = await db.pool.query(`SELECT queue, error FROM ${db.names.deadLetters}`);
+    expect(dead).toEqual([]);
+
+    // Each broker has it: the webhook (signed), the NATS stream, the RabbitMQ queue, the Redis stream.
+    const hook = received.find((r) => JSON.parse(r.body).id === ids["order.placed"]);
+    expect(hook?.signature).toBe(
+      `sha256=${createHmac("sha256", secret)
+        .update(hook?.body ?? "")
+        .digest("hex")}`,
+    );
+
+    const nc = await natsConnect({ servers: `${HOST}:${NATS_PORT}` });
+    try {
+      const jsm = await nc.jetstreamManager();
+      const stream = config.relays["order.shipped"]?.stream ?? "";
+      const message = await jsm.streams.getMessage(stream, { last_by_subj: "orders.shipped" });
+      expect(message.header.get("Nats-Msg-Id")).toBe(ids["order.shipped"]);
+    } finally {
+      await nc.close();
+    }
+
+    const model = await amqp.connect(RABBIT_URL);
+    try {
+      const channel = await model.createChannel();
+      const queue = config.relays["invoice.due"]?.declareQueue ?? "";
+      const seen: string[] = [];
+      for (
+        let m = await channel.get(queue, { noAck: true });
+        m !== false;
+        m = await channel.get(queue, { noAck: true })
+      ) {
+        seen.push(String(m.properties.messageId));
+      }
+      expect(seen).toContain(ids["invoice.due"]);
+    } finally {
+      await model.close();
+    }
+
+    const redis = new Redis({ host: HOST, port: REDIS_PORT });
+    try {
+      const [[, fields] = ["", []]] = await redis.xrevrange(
+        config.relays.audit?.stream ?? "",
+        "+",
+        "-",
+        "COUNT",
+        1,
+      );
+      expect(fields.slice(0, 2)).toEqual(["id", ids.audit]);
+    } finally {
+      redis.disconnect();
+    }
+  });
+
+  it("shows a relay whose target cannot exist in /readyz (503) and in the log", async () => {
+    const run = `${Date.now().toString(36)}${process.pid.toString(36)}`;
+    const config = {
+      relays: {
+        "order.shipped": { type: "nats", subject: `outbox-readme.${run}.nostream` },
+        "invoice.due": {
+          type: "rabbitmq",
+          exchange: `outbox-readme.${run}.missing`,
+          routingKey: "invoice.due",
+        },
+      },
+    };
+    const { p, base } = await runService(JSON.stringify(config));
+    const { status, body } = await readyz(base);
+    expect(status).toBe(503);
+    expect(body.checks.relays.ok).toBe(false);
+    expect(body.checks.relays.relays["order.shipped"]).toMatchObject({
+      state: "misconfigured",
+      error: expect.stringContaining(`no JetStream stream captures subject outbox-readme.${run}.nostream`),
+    });
+    expect(body.checks.relays.relays["invoice.due"]).toMatchObject({
+      state: "misconfigured",
+      error: expect.stringContaining(`exchange "outbox-readme.${run}.missing" does not exist`),
+    });
+    const errors = p
+      .output()
+      .split("\n")
+      .filter((l) => l.startsWith("{"))
+      .map((l) => JSON.parse(l) as { level: number; msg: string; queue?: string; problem?: string })
+      .filter((l) => l.level === 50);
+    expect(errors.map((l) => [l.queue, l.msg])).toEqual(
+      expect.arrayContaining([
+        ["order.shipped", "nats relay target unusable; messages retry until it is fixed"],
+        ["invoice.due", "rabbitmq relay target unusable; messages retry until it is fixed"],
+      ]),
+    );
+  });
+});
