@@ -1,6 +1,6 @@
 import { OutboxConfigError } from "../errors.js";
 import {
-  type DeadLetterRow,
+  type DeadLetterRow as DeadLetter,
   getDeadLetterStatement,
   listDeadLettersStatement,
   type PurgeCountRow,
@@ -14,13 +14,16 @@ import { type Executor, run } from "../sql/executor.js";
 import { outboxNames } from "../sql/names.js";
 import { checkLimit, checkOptionalText } from "./peek.js";
 
-export type DeadLetter = DeadLetterRow;
+export type { DeadLetterRow as DeadLetter } from "../sql/dead-letters.js";
 
 /** A message id: ids are `bigint`, so strings are the lossless form. */
 export type MessageId = string | number | bigint;
 
+/** Filters for {@link listDeadLetters}; every given field must match. */
 export interface DeadLetterQuery {
+  /** Only this queue's dead letters. */
   queue?: string;
+  /** Only this reason, e.g. `rejected` or `retries_exhausted`. */
   reason?: string;
   /** 1 to 1000, default 20. */
   limit?: number;
@@ -31,6 +34,7 @@ export type ReplayFilter =
   | { all: true }
   | { all?: false; ids?: readonly MessageId[]; queue?: string; reason?: string };
 
+/** One queue's share of a {@link ReplayResult}. */
 export interface ReplayQueueCount {
   queue: string;
   replayed: number;
@@ -39,23 +43,35 @@ export interface ReplayQueueCount {
   skippedIds: string[];
 }
 
+/** What {@link replayDeadLetters} moved back (or, with `dryRun`, would move). */
 export interface ReplayResult {
+  /** True when nothing was changed. */
   dryRun: boolean;
+  /** Dead letters moved back into messages, all queues together. */
   replayed: number;
+  /** Dead letters left where they are because a message with the same id exists. */
   skipped: number;
+  /** The same counts per queue, with the skipped ids. */
   queues: ReplayQueueCount[];
 }
 
+/** Which dead letters {@link purgeDeadLetters} deletes. */
 export interface PurgeOptions {
   /** Delete dead letters that died more than this long ago; must be positive. */
   olderThanMs: number;
+  /** Only this queue's dead letters. */
   queue?: string;
+  /** Count what would be deleted, delete nothing. */
   dryRun?: boolean;
 }
 
+/** What {@link purgeDeadLetters} deleted (or, with `dryRun`, would delete). */
 export interface PurgeResult {
+  /** True when nothing was deleted. */
   dryRun: boolean;
+  /** Dead letters deleted, all queues together. */
   purged: number;
+  /** The same count per queue. */
   queues: { queue: string; purged: number }[];
 }
 
@@ -72,7 +88,13 @@ export function checkMessageId(id: MessageId, field = "id"): string {
   return BigInt(text).toString();
 }
 
-/** Newest dead letters first. Reads only. */
+/**
+ * Dead letters (messages that will not be delivered again unless replayed), newest first, optionally of one
+ * queue or reason. Reads only.
+ *
+ * @param db - a pg pool or client, or a Kysely instance
+ * @param schema - the outbox schema, usually `"outbox"` ({@link DEFAULT_SCHEMA})
+ */
 export async function listDeadLetters(
   db: Executor,
   schema: string,
@@ -86,7 +108,7 @@ export async function listDeadLetters(
   return run<DeadLetter>(db, listDeadLettersStatement(outboxNames(schema)), values);
 }
 
-/** The dead letter with this id, or undefined. Reads only. */
+/** The dead letter with this id (its id in messages, kept), or undefined. Reads only. */
 export async function getDeadLetter(
   db: Executor,
   schema: string,

@@ -1,18 +1,24 @@
 import { OutboxConfigError } from "../errors.js";
 import { type Executor, run } from "../sql/executor.js";
 import { outboxNames } from "../sql/names.js";
-import { MESSAGE_STATES, type MessageState, type PeekRow, peekStatement } from "../sql/peek.js";
+import {
+  MESSAGE_STATES,
+  type MessageState,
+  type PeekRow as PeekedMessage,
+  peekStatement,
+} from "../sql/peek.js";
 
-export type { MessageState } from "../sql/peek.js";
+export type { MessageState, PeekRow as PeekedMessage } from "../sql/peek.js";
 export { MESSAGE_STATES } from "../sql/peek.js";
-
-export type PeekedMessage = PeekRow;
 
 export const DEFAULT_LIMIT = 20;
 export const MAX_LIMIT = 1000;
 
+/** Filters for {@link peekMessages}; every given field must match. */
 export interface PeekOptions {
+  /** Only this queue's messages. */
   queue?: string;
+  /** Only messages in this state. */
   state?: MessageState;
   /** 1 to 1000, default 20. */
   limit?: number;
@@ -48,7 +54,10 @@ function checkState(state: string | undefined): MessageState | null {
 
 /**
  * Messages still to deliver, oldest first, from the `unprocessed` view. Lease-free: no row lock, no
- * counter bumped, never waits for a worker.
+ * counter bumped, never waits for a worker. For looking at what is stuck or waiting, not for consuming.
+ *
+ * @param db - a pg pool or client, or a Kysely instance
+ * @param schema - the outbox schema, usually `"outbox"` ({@link DEFAULT_SCHEMA})
  */
 export async function peekMessages(
   db: Executor,

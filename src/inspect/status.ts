@@ -1,23 +1,31 @@
 import { type Executor, run } from "../sql/executor.js";
 import {
-  type QueueStatusRow,
+  type QueueStatusRow as QueueStatus,
   queueStatusSql,
-  type WorkerLeasesRow,
+  type WorkerLeasesRow as WorkerLeases,
   workerLeasesSql,
 } from "../sql/inspect.js";
 import { outboxNames } from "../sql/names.js";
 
-export type QueueStatus = QueueStatusRow;
+export type { QueueStatusRow as QueueStatus, WorkerLeasesRow as WorkerLeases } from "../sql/inspect.js";
 
-/** Per-queue ready / scheduled / leased / expired / dead counts and the oldest ready age. Lease-free. */
+/**
+ * Per-queue ready / scheduled / leased / expired / dead counts and the oldest ready age: the backlog at a
+ * glance (what `outbox-worker status` prints). Lease-free; it scans the backlog, so poll it every few
+ * seconds, not per message.
+ *
+ * @param db - a pg pool or client, or a Kysely instance
+ * @param schema - the outbox schema, usually `"outbox"` ({@link DEFAULT_SCHEMA})
+ */
 export async function queueStatus(db: Executor, schema: string): Promise<QueueStatus[]> {
   const sql = queueStatusSql(outboxNames(schema));
   return run<QueueStatus>(db, { name: "", text: sql }, []);
 }
 
-export type WorkerLeases = WorkerLeasesRow;
-
-/** Per worker (acquired_by): rows it holds leases on, how many of those expired, its oldest lease. */
+/**
+ * Per worker (acquired_by): rows it holds leases on, how many of those expired, its oldest lease. Expired
+ * leases point at a stalled or dead worker.
+ */
 export async function workerLeases(db: Executor, schema: string): Promise<WorkerLeases[]> {
   return run<WorkerLeases>(db, { name: "", text: workerLeasesSql(outboxNames(schema)) }, []);
 }

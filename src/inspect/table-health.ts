@@ -1,8 +1,8 @@
 import { type Executor, run } from "../sql/executor.js";
-import { type TableHealthRow, tableHealthSql } from "../sql/inspect.js";
+import { type TableHealthRow as TableHealth, tableHealthSql } from "../sql/inspect.js";
 import { outboxNames } from "../sql/names.js";
 
-export type TableHealth = TableHealthRow;
+export type { TableHealthRow as TableHealth } from "../sql/inspect.js";
 
 /**
  * The messages table's dead tuples, size, last (auto)vacuum and whether autovacuum runs for it. Pickup

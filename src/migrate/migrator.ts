@@ -4,9 +4,11 @@ import { type AppliedMigrationRow, migrationStatements } from "../sql/migrations
 import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
 import { loadMigrationFiles, type MigrationFile, renderMigration } from "./migration-files.js";
 
+/** Where and what {@link migrate} applies. */
 export interface MigrateOptions {
   /** A connection string, a `pg.Pool` (one client is borrowed) or a connected `pg.Client`. */
   connection: string | pg.Pool | pg.Client;
+  /** The outbox schema; default `"outbox"` ({@link DEFAULT_SCHEMA}). */
   schema?: string;
   /** Folder of `NNNN_name.sql` files; defaults to the ones shipped with this package. */
   migrationsDir?: string;
@@ -14,8 +16,10 @@ export interface MigrateOptions {
   onApplied?: (migration: { version: number; name: string }) => void;
 }
 
+/** What a {@link migrate} run did. */
 export interface MigrateResult {
   schema: string;
+  /** The migrations this run applied, in order; empty when the schema was already up to date. */
   applied: { version: number; name: string }[];
   /** Latest version in the database after the run. */
   version: number;
@@ -103,15 +107,22 @@ export async function migrate(options: MigrateOptions): Promise<MigrateResult> {
   return { schema: names.schema, applied, version };
 }
 
+/** Which migrations a database has, as {@link migrationState} reads it. */
 export interface MigrationState {
   schema: string;
+  /** Versions applied, in order. */
   applied: number[];
+  /** Shipped versions not applied yet: run {@link migrate} (or `outbox-worker migrate`). */
   pending: number[];
   /** True when every shipped migration is applied and none has drifted. */
   current: boolean;
 }
 
-/** Read-only: which migrations are applied and which are pending. Creates nothing, takes no lock. */
+/**
+ * Read-only: which migrations are applied and which are pending, e.g. for a readiness check or a deploy
+ * step that refuses to start on an old schema. Creates nothing, takes no lock. Throws {@link MigrationError}
+ * when an applied migration has drifted from its file or is unknown to this version.
+ */
 export async function migrationState(options: Omit<MigrateOptions, "onApplied">): Promise<MigrationState> {
   const names = outboxNames(options.schema ?? DEFAULT_SCHEMA);
   const files = await loadMigrationFiles(options.migrationsDir);

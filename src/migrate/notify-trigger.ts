@@ -14,6 +14,7 @@ export async function enableNotifyTrigger(db: Executor, schema: string = DEFAULT
   await run(db, { name: "", text: sql.create }, []);
 }
 
+/** Remove the wake-up trigger of {@link enableNotifyTrigger}; idempotent. Workers then wake by polling. */
 export async function disableNotifyTrigger(db: Executor, schema: string = DEFAULT_SCHEMA): Promise<void> {
   const sql = triggerStatements(outboxNames(schema));
   await run(db, { name: "", text: sql.drop }, []);

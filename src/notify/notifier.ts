@@ -2,6 +2,10 @@ import { randomUUID } from "node:crypto";
 import pg from "pg";
 import pgListen, { type PgParsedNotification, type Subscriber } from "pg-listen";
 
+/**
+ * The worker's LISTEN connection: `listening` wakes it at once on new messages; while `reconnecting`, or in
+ * `poll_only` (e.g. behind a transaction-mode PgBouncer), it finds them by polling.
+ */
 export type ListenerState = "connecting" | "listening" | "reconnecting" | "poll_only" | "stopped";
 
 export interface NotifierOptions {

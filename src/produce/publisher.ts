@@ -7,6 +7,7 @@ import { NotifyThrottle } from "./notify-throttle.js";
 import { DEFAULT_MAX_PAYLOAD_BYTES, encodePayload } from "./payload.js";
 import { type QueueDefinition, validateQueueName } from "./queue.js";
 
+/** Per-message options of `publish`. */
 export interface PublishOptions {
   /** Ordering / partition key: messages with the same key are delivered in publish order (engine feature). */
   key?: string;
@@ -18,6 +19,7 @@ export interface PublishOptions {
   headers?: Record<string, string>;
 }
 
+/** One message of a `publishMany` batch: its payload and its own options. */
 export interface PublishItem<P> extends PublishOptions {
   payload: P;
 }
@@ -44,6 +46,11 @@ const publisherOptionsSchema = z.strictObject({
     .default(true),
 });
 
+/**
+ * Options of {@link createPublisher}, all optional: `schema` (default `"outbox"`), `maxPayloadBytes`
+ * (larger payloads are refused), `preparedStatements` (default off, safe behind PgBouncer) and `notify`
+ * (wake-up notifications: `true` by default, throttled per queue; `false` leaves workers to poll).
+ */
 export type PublisherOptions = z.input<typeof publisherOptionsSchema>;
 
 const publishOptionsSchema = z
@@ -72,7 +79,9 @@ function resolveQueue<I, O>(queue: QueueRef<I, O>): QueueDefinition<I, O> {
   return queue;
 }
 
+/** Writes outbox rows in the caller's transaction; made by {@link createPublisher}. */
 export interface Publisher {
+  /** The outbox schema it writes to. */
   readonly schema: string;
   /** Insert one message in the caller's transaction. Returns its id. */
   publish<I, O>(trx: Executor, queue: QueueRef<I, O>, payload: I, options?: PublishOptions): Promise<string>;

@@ -3,7 +3,9 @@ import { OutboxConfigError } from "../errors.js";
 
 /** A queue and the shape of its payloads. The schema checks payloads at publish and again at delivery. */
 export interface QueueDefinition<Input = unknown, Output = Input> {
+  /** The queue's name: letters, digits and `. _ : / -`, at most 200 bytes. */
   readonly name: string;
+  /** The zod schema of its payloads; undefined for any JSON value. */
   readonly schema: z.ZodType<Output, Input> | undefined;
 }
 

@@ -1,18 +1,27 @@
 import { errorMessage } from "../dispatch/errors.js";
 
+/** What a {@link RetryStrategy} knows about the failed attempt. */
 export interface RetryContext {
   /** Attempts that ended so far, including the one that just failed (>= 1). */
   attempts: number;
   /** Failures counted towards maxAttempts; transient ones are excluded (>= 0). */
   failures: number;
+  /** When the first attempt started (server clock). */
   firstAttemptAt: Date | null;
+  /** When the attempt that just failed started. */
   lastAttemptAt: Date | null;
+  /** What the handler threw. */
   error: unknown;
 }
 
 /** A delay in ms, or "stop" to dead-letter now. */
 export type RetryDecision = number | "stop";
 
+/**
+ * Decides when a failed message is tried again. Use {@link exponential} (the default), {@link linear},
+ * {@link constant}, {@link none} or your own function; one that throws or returns garbage gets the default
+ * delay instead.
+ */
 export type RetryStrategy = (ctx: RetryContext) => RetryDecision;
 
 export interface ExponentialOptions {
@@ -61,6 +70,10 @@ function atLeastOne(attempts: number): number {
   return Number.isNaN(attempts) ? 1 : Math.max(attempts, 1);
 }
 
+/**
+ * Delay `baseMs * factor^(attempts-1)`, capped at `maxMs`, with jitter: the default strategy (1 s, ×2, at
+ * most 1 hour, equal jitter). `random` is for tests.
+ */
 export function exponential(
   opts: ExponentialOptions = {},
   random: () => number = Math.random,
@@ -95,6 +108,7 @@ export function linear(opts: { stepMs?: number; maxMs?: number } = {}): RetryStr
   return (ctx) => (stepMs === 0 ? 0 : Math.min(maxMs, stepMs * atLeastOne(ctx.attempts)));
 }
 
+/** The same delay after every failure. */
 export function constant(delayMs: number): RetryStrategy {
   const ms = requireMs("delayMs", delayMs);
   return () => ms;

@@ -4,9 +4,13 @@ import type { MessageColumns } from "./rows.js";
 
 /** A dead letter with every column, plus its age. */
 export interface DeadLetterRow extends MessageColumns {
+  /** The worker that held the message last. */
   acquired_by: string | null;
+  /** When it was dead-lettered (server clock). */
   dead_at: Date;
+  /** `rejected`, `invalid_payload`, `retries_exhausted`, `max_deliveries` or `no_handler`. */
   reason: string;
+  /** The last error's message, if any. */
   error: string | null;
   /** Seconds since the message was dead-lettered. */
   dead_age_s: number;

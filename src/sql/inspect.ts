@@ -1,12 +1,18 @@
 import { type OutboxNames, quoteLiteral } from "./names.js";
 
 /** One queue's numbers, as `status` prints them and the metrics gauges export them. */
+/** One queue's counts by state. */
 export interface QueueStatusRow {
   queue: string;
+  /** Due and not leased: waiting for a worker. */
   ready: number;
+  /** Not due yet (`delayMs`, `availableAt` or a retry's backoff). */
   scheduled: number;
+  /** Held by a worker under a live lease. */
   leased: number;
+  /** Leased, but the lease ran out: they will be fetched again. */
   expired: number;
+  /** Rows in dead_letters. */
   dead: number;
   /** Seconds since the oldest ready row became deliverable (its available_at); null when none is ready. */
   oldest_ready_age_s: number | null;
@@ -40,9 +46,11 @@ ORDER BY 1`;
 }
 
 /** The messages table's health: what vacuum has left to do, and whether it will. */
+/** The messages table's vacuum state and size. */
 export interface TableHealthRow {
   /** Dead row versions not vacuumed yet (every message leaves about two). */
   dead_tuples: number;
+  /** Live rows (an estimate from the statistics). */
   live_tuples: number;
   /** Heap, indexes and TOAST. */
   total_bytes: number;
@@ -67,6 +75,7 @@ WHERE c.oid = to_regclass(${table})`;
 }
 
 /** One worker's leases, as `status` prints them. */
+/** The leases one worker holds. */
 export interface WorkerLeasesRow {
   /** `acquired_by`: the worker's id (its host name by default). */
   worker: string;

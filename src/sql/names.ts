@@ -1,5 +1,6 @@
 import { OutboxConfigError } from "../errors.js";
 
+/** The outbox schema every function uses when none is given. */
 export const DEFAULT_SCHEMA = "outbox";
 
 // Postgres truncates identifiers to 63 bytes (NAMEDATALEN - 1); a longer derived name would silently
@@ -28,6 +29,11 @@ export interface OutboxNames {
   readonly migrationsTable: string;
 }
 
+/**
+ * Returns `schema` if it can name an outbox schema, else throws {@link OutboxConfigError} naming `field`:
+ * lower-case letters, digits and `_` only, not `pg_*` or a system schema, short enough for the names derived
+ * from it. Every function taking a schema checks it this way before any SQL runs.
+ */
 export function validateSchemaName(schema: unknown, field = "schema"): string {
   if (typeof schema !== "string" || schema.length === 0) {
     throw new OutboxConfigError(field, "must be a non-empty string");
@@ -54,6 +60,10 @@ export function validateSchemaName(schema: unknown, field = "schema"): string {
   return schema;
 }
 
+/**
+ * The quoted table, view and channel names of an outbox schema, for your own SQL against it (e.g. a
+ * plain-SQL producer inserting into `messages`). Throws {@link OutboxConfigError} on an invalid schema name.
+ */
 export function outboxNames(schema: string = DEFAULT_SCHEMA): OutboxNames {
   const valid = validateSchemaName(schema);
   const quotedSchema = `"${valid}"`;

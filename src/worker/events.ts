@@ -1,5 +1,6 @@
 import type { ListenerState } from "../notify/notifier.js";
 
+/** The write that found the lease gone, in a `lease_lost` event. */
 export type LeasePhase = "heartbeat" | "ack" | "retry" | "dead" | "release";
 export type LoopName = "fetch" | "complete" | "heartbeat" | "release" | "listener";
 
@@ -31,6 +32,7 @@ export interface WorkerEvents {
   stopped: { drained: boolean };
 }
 
+/** The name of a {@link WorkerEvents} event, for `worker.on` and `worker.once`. */
 export type WorkerEventName = keyof WorkerEvents;
 type Listener<K extends WorkerEventName> = (event: WorkerEvents[K]) => void;
 

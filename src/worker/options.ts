@@ -30,12 +30,18 @@ export interface MessageContext {
   signal: AbortSignal;
 }
 
+/**
+ * Delivers one message. Returning acknowledges it; throwing retries it (a {@link PermanentError}
+ * dead-letters it at once, a {@link TransientError} retries it without counting towards `maxAttempts`).
+ */
 export type Handler<P = unknown> = (payload: P, message: MessageContext) => Promise<void> | void;
 
+/** One queue's handler and its per-queue settings, in `WorkerOptions.queues` (see {@link handle}). */
 export interface QueueConfig<P = unknown> {
   handler: Handler<P>;
   /** Validates (and types) payloads at delivery; a payload that fails goes to dead letters as invalid_payload. */
   schema?: z.ZodType<P>;
+  /** This queue's retry strategy (overrides the worker's `retry`). */
   retry?: RetryStrategy;
   /** Failures (transient ones excluded) after which a message is dead-lettered as retries_exhausted. */
   maxAttempts?: number;
@@ -180,6 +186,12 @@ const optionsSchema = z
     for (const issue of tuningIssues(o)) ctx.addIssue({ code: "custom", ...issue });
   });
 
+/**
+ * Options of {@link createWorker}: `connection` (a connection string or a `pg.Pool`) and `queues` (queue
+ * name → {@link Handler} or {@link QueueConfig}) are required; the rest (`schema`, `concurrency`,
+ * `batchSize`, `leaseTtlMs`, `handlerTimeoutMs`, `maxAttempts`, `retry`, `workerId`, `logger`, …) have
+ * defaults. Every field, its default and its bounds are in the README's worker section.
+ */
 export type WorkerOptions = z.input<typeof optionsSchema>;
 
 export interface ResolvedQueue {

@@ -22,6 +22,7 @@ import {
 import { abortHeld, type HeldRow } from "./held.js";
 import { type ResolvedOptions, resolveWorkerOptions, type WorkerOptions } from "./options.js";
 
+/** How {@link Worker.stop} went: whether the worker drained, or what it left behind. */
 export interface StopResult {
   /** True when every handler finished within the timeout and every outcome was written. */
   drained: boolean;
@@ -31,13 +32,22 @@ export interface StopResult {
   abandoned: string[];
 }
 
+/** A running outbox consumer, made by {@link createWorker}. */
 export interface Worker {
+  /** Its `workerId`, written to `acquired_by` on the rows it leases. */
   readonly id: string;
+  /** Connect, LISTEN and start fetching. Call once. */
   start(): Promise<void>;
+  /**
+   * Stop taking new leases, hand back unstarted rows, and wait up to `timeoutMs` (default `stopTimeoutMs`)
+   * for running handlers and their outcomes; handlers still running then are aborted. Idempotent.
+   */
   stop(options?: { timeoutMs?: number }): Promise<StopResult>;
   /** Resolves when the worker has stopped; rejects with the error if it stopped on a fatal loop failure. */
   wait(): Promise<void>;
+  /** Listen to an event (see {@link WorkerEvents}); returns a function that removes the listener. */
   on<K extends WorkerEventName>(event: K, listener: (e: WorkerEvents[K]) => void): () => void;
+  /** Like `on`, for the next occurrence only. */
   once<K extends WorkerEventName>(event: K, listener: (e: WorkerEvents[K]) => void): () => void;
   /** Rows held right now (queued, running, completing): for tests and metrics. */
   readonly held: number;
