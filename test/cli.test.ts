@@ -116,6 +116,10 @@ describe("outbox-worker CLI", () => {
         OUTBOX_SCHEMA: schema,
       });
       expect(out.code).toBe(0);
+      // It says what it leaves in someone else's database.
+      expect(out.stdout).toContain(
+        `Creating table ${schema}.demo_orders for the demo's orders (it stays; DROP TABLE demo_orders removes it)`,
+      );
       expect(out.stdout).toContain("9 committed (order + message), 1 rolled back (neither)");
       expect(out.stdout).toMatch(/Delivered 9 message\(s\) in \d+ ms; 0 left in the outbox/);
       // The live phase: every committed order delivered, none of the rolled-back ones.
@@ -140,6 +144,8 @@ describe("outbox-worker CLI", () => {
       expect(first.code).toBe(0);
       expect(first.stdout).toContain("starting an embedded Postgres");
       expect(first.stdout).toContain('Installed outbox schema "outbox"');
+      // Its own server: nothing to warn about.
+      expect(first.stdout).not.toContain("Creating table");
       const second = await cli(["demo", "--orders", "5", "--live", "0", "--data-dir", dataDir]);
       expect(second.code).toBe(0);
       expect(second.stdout).toContain('Outbox schema "outbox" is up to date');
