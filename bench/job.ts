@@ -5,7 +5,7 @@
 import { randomUUID } from "node:crypto";
 import pg from "pg";
 import { completeStatements } from "../src/sql/complete.js";
-import { run } from "../src/sql/executor.js";
+import { runQuery } from "../src/sql/executor.js";
 import { fetchStatement } from "../src/sql/fetch.js";
 import { outboxNames } from "../src/sql/names.js";
 import {
@@ -280,8 +280,8 @@ function scans(plan: Record<string, unknown>, out: string[] = []): string[] {
 
 async function explainStatements(pool: pg.Pool, schema: string, rows: number): Promise<PlanCheck[]> {
   const names = outboxNames(schema);
-  const fetchSql = fetchStatement(names, { synchronousCommit: false }).text;
-  const ackSql = completeStatements(names, { synchronousCommit: false }).ack.text;
+  const fetchSql = fetchStatement(names, { synchronousCommit: false }).statement.text;
+  const ackSql = completeStatements(names, { synchronousCommit: false }).ack.statement.text;
   const checks: PlanCheck[] = [];
   const client = await pool.connect();
   try {
@@ -296,13 +296,13 @@ async function explainStatements(pool: pg.Pool, schema: string, rows: number): P
       );
       const fetchPlan = lease.rows[0]["QUERY PLAN"][0];
       // Lease 500 more for real (in the same transaction) and explain deleting them, fenced by token.
-      const leased = await run<{ id: string }>(client, fetchStatement(names, { synchronousCommit: false }), [
-        [QUEUE],
-        500,
+      const leased = await runQuery(client, fetchStatement(names, { synchronousCommit: false }), {
+        queues: [QUEUE],
+        limit: 500,
         token,
-        30000,
-        "explain",
-      ]);
+        leaseTtlMs: 30000,
+        workerId: "explain",
+      });
       const ids = `{${leased.map((r) => r.id).join(",")}}`;
       const tokens = `{${leased.map(() => token).join(",")}}`;
       const ack = await client.query(`EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE ack('${ids}', '${tokens}')`);
@@ -376,13 +376,16 @@ async function scale(spec: Extract<JobSpec, { kind: "scale" }>): Promise<ScaleRe
     for (let i = 0; i < spec.timed; i++) {
       const token = randomUUID();
       let t = performance.now();
-      const rows = await run<{ id: string }>(client, fetch, [[QUEUE], limit, token, 30000, "timing"], {
-        prepared: true,
-      });
+      const rows = await runQuery(
+        client,
+        fetch,
+        { queues: [QUEUE], limit, token, leaseTtlMs: 30000, workerId: "timing" },
+        { prepared: true },
+      );
       fetchMs.push(performance.now() - t);
       const ids = rows.map((r) => r.id);
       t = performance.now();
-      await run(client, ack, [ids, ids.map(() => token)], { prepared: true });
+      await runQuery(client, ack, { ids, tokens: ids.map(() => token) }, { prepared: true });
       ackMs.push(performance.now() - t);
       taken += ids.length;
     }

@@ -1,5 +1,7 @@
-export { PermanentError, TransientError } from "./dispatch/errors.js";
-export { MigrationError, OutboxConfigError, OutboxError, OutboxPayloadError } from "./errors.js";
+export { MigrationError, OutboxConfigError, OutboxError, OutboxPayloadError } from "./contract/errors.js";
+export type { Handler, MessageContext, QueueConfig } from "./contract/handler.js";
+export { PermanentError, TransientError } from "./contract/handler-errors.js";
+export type { RetryContext, RetryDecision, RetryStrategy } from "./contract/retry.js";
 export type {
   DeadLetter,
   DeadLetterQuery,
@@ -31,13 +33,12 @@ export type { QueueDefinition } from "./produce/queue.js";
 export { defineQueue } from "./produce/queue.js";
 export type { RelayConfig } from "./relay/config.js";
 export { createRelay } from "./relay/create-relay.js";
-export type { RetryContext, RetryDecision, RetryStrategy } from "./retry/strategies.js";
 export { constant, exponential, linear, none } from "./retry/strategies.js";
 export type { Executor } from "./sql/executor.js";
 export { DEFAULT_SCHEMA, outboxNames, validateSchemaName } from "./sql/names.js";
 export { redactConnectionString } from "./util/redact.js";
 export type { LeasePhase, WorkerEventName, WorkerEvents } from "./worker/events.js";
-export type { Handler, MessageContext, QueueConfig, WorkerOptions } from "./worker/options.js";
+export type { WorkerOptions } from "./worker/options.js";
 export { handle } from "./worker/options.js";
 export type { StopResult, Worker } from "./worker/worker.js";
 export { createWorker } from "./worker/worker.js";

@@ -1,7 +1,7 @@
 import { randomUUID } from "node:crypto";
 import { beforeAll, describe, expect, it } from "vitest";
-import { run } from "../src/sql/executor.js";
-import { fetchStatement, type LeasedRow } from "../src/sql/fetch.js";
+import { runQuery } from "../src/sql/executor.js";
+import { fetchStatement } from "../src/sql/fetch.js";
 import { testDatabase } from "./helpers/database.js";
 
 const db = testDatabase("plan");
@@ -11,7 +11,7 @@ const ROWS = 100_000;
 async function explain(queues: string[], limit: number): Promise<string> {
   const client = await db.pool.connect();
   try {
-    const text = fetchStatement(db.names, { synchronousCommit: false }).text;
+    const text = fetchStatement(db.names, { synchronousCommit: false }).statement.text;
     await client.query("SET plan_cache_mode = force_generic_plan");
     await client.query(`PREPARE lease(text[], int, uuid, double precision, text) AS ${text}`);
     await client.query("BEGIN");
@@ -60,13 +60,13 @@ describe(`the lease statement on ${ROWS} rows`, () => {
 
   it("leases expired and ready rows oldest first, never live leases or scheduled rows", async () => {
     const token = randomUUID();
-    const leased = await run<LeasedRow>(db.pool, fetchStatement(db.names, { synchronousCommit: false }), [
-      ["b"],
-      50,
-      token,
-      30_000,
-      "w-test",
-    ]);
+    const leased = await runQuery(db.pool, fetchStatement(db.names, { synchronousCommit: false }), {
+      queues: ["b"],
+      limit: 50,
+      token: token,
+      leaseTtlMs: 30_000,
+      workerId: "w-test",
+    });
     expect(leased).toHaveLength(50);
     const ids = leased.map((r) => Number(r.id));
     const { rows } = await db.pool.query(
@@ -85,13 +85,13 @@ describe(`the lease statement on ${ROWS} rows`, () => {
     for (let id = 10; expected.length < 50; id += 10) if (id % 7 !== 0) expected.push(id);
     expect([...ids].sort((x, y) => x - y)).toEqual(expected);
     // In queue a, row 1's lease expired: it is taken over in its place in delivery order.
-    const a = await run<LeasedRow>(db.pool, fetchStatement(db.names, { synchronousCommit: false }), [
-      ["a"],
-      5,
-      randomUUID(),
-      30_000,
-      "w",
-    ]);
+    const a = await runQuery(db.pool, fetchStatement(db.names, { synchronousCommit: false }), {
+      queues: ["a"],
+      limit: 5,
+      token: randomUUID(),
+      leaseTtlMs: 30_000,
+      workerId: "w",
+    });
     expect(a.map((r) => Number(r.id)).sort((x, y) => x - y)).toEqual([1, 2, 3, 4, 5]);
     expect(a.find((r) => r.id === "1")?.deliveries_count).toBe(2);
   });

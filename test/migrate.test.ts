@@ -2,7 +2,7 @@ import { readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
 import pg from "pg";
 import { beforeAll, describe, expect, it } from "vitest";
-import { MigrationError, OutboxConfigError } from "../src/errors.js";
+import { MigrationError, OutboxConfigError } from "../src/contract/errors.js";
 import { migrate, migrationState, printMigrations } from "../src/migrate/migrator.js";
 import { testDatabase } from "./helpers/database.js";
 import { testTempDir } from "./helpers/temp-dir.js";

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { OutboxConfigError } from "../src/errors.js";
+import { OutboxConfigError } from "../src/contract/errors.js";
 import { validateQueueName } from "../src/produce/queue.js";
 import { outboxNames, validateSchemaName } from "../src/sql/names.js";
 import { findJsonSyntaxError, parseJsonQuietly } from "../src/util/json-error.js";

@@ -12,7 +12,7 @@ import { connect as natsConnect } from "nats";
 import pino from "pino";
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { z } from "zod";
-import { OutboxConfigError } from "../src/errors.js";
+import { OutboxConfigError } from "../src/contract/errors.js";
 import { createRelay } from "../src/relay/create-relay.js";
 import type { Relay } from "../src/relay/relay.js";
 import { serviceConfigSchema } from "../src/service/config.js";

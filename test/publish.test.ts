@@ -2,7 +2,7 @@ import { Kysely, PostgresDialect, sql } from "kysely";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { z } from "zod";
-import { OutboxConfigError, OutboxPayloadError } from "../src/errors.js";
+import { OutboxConfigError, OutboxPayloadError } from "../src/contract/errors.js";
 import { enableNotifyTrigger } from "../src/migrate/notify-trigger.js";
 import { createPublisher } from "../src/produce/publisher.js";
 import { defineQueue } from "../src/produce/queue.js";

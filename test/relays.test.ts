@@ -6,11 +6,11 @@ import { Redis } from "ioredis";
 import { type JetStreamManager, type NatsConnection, connect as natsConnect } from "nats";
 import pino from "pino";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { classifyError, type ErrorClass } from "../src/dispatch/errors.js";
-import { OutboxConfigError } from "../src/errors.js";
+import { OutboxConfigError } from "../src/contract/errors.js";
+import type { MessageContext } from "../src/contract/handler.js";
+import { classifyError, type ErrorClass } from "../src/contract/handler-errors.js";
 import { createRelay } from "../src/relay/create-relay.js";
 import type { Relay } from "../src/relay/relay.js";
-import type { MessageContext } from "../src/worker/options.js";
 import { HOST, NATS_PORT, probeBrokers, RABBIT_URL, REDIS_PORT } from "./helpers/brokers.js";
 import { startTcpProxy, type TcpProxy } from "./helpers/tcp-proxy.js";
 

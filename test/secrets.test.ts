@@ -5,7 +5,7 @@ import path from "node:path";
 import { Writable } from "node:stream";
 import type pg from "pg";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { errorMessage } from "../src/dispatch/errors.js";
+import { errorMessage } from "../src/contract/handler-errors.js";
 import { migrate } from "../src/migrate/migrator.js";
 import { createLogger } from "../src/service/logger.js";
 import { createReadiness } from "../src/service/readiness.js";

@@ -3,7 +3,7 @@ import pg from "pg";
 import pino from "pino";
 import { collectDefaultMetrics, Registry } from "prom-client";
 import { afterEach, beforeAll, describe, expect, it } from "vitest";
-import { PermanentError, TransientError } from "../src/dispatch/errors.js";
+import { PermanentError, TransientError } from "../src/contract/handler-errors.js";
 import { migrationState } from "../src/migrate/migrator.js";
 import { constant } from "../src/retry/strategies.js";
 import { startHttpServer } from "../src/service/http-server.js";

@@ -1,12 +1,12 @@
 import { randomUUID } from "node:crypto";
 import { beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { z } from "zod";
-import { PermanentError, TransientError } from "../src/dispatch/errors.js";
+import { PermanentError, TransientError } from "../src/contract/handler-errors.js";
 import { defineQueue } from "../src/produce/queue.js";
 import { constant } from "../src/retry/strategies.js";
 import { completeStatements } from "../src/sql/complete.js";
-import { run } from "../src/sql/executor.js";
-import { fetchStatement, type LeasedRow } from "../src/sql/fetch.js";
+import { runQuery } from "../src/sql/executor.js";
+import { fetchStatement } from "../src/sql/fetch.js";
 import { testDatabase } from "./helpers/database.js";
 import { nextEvent, publisherFor, until, workerFactory } from "./helpers/worker.js";
 
@@ -285,13 +285,13 @@ describe("lease fencing", () => {
       try {
         // Inside an explicit transaction the statement's transaction-local setting stays visible until COMMIT.
         await client.query("BEGIN");
-        const [row] = await run<LeasedRow>(client, fetchStatement(db.names, { synchronousCommit: sync }), [
-          ["sync"],
-          1,
-          randomUUID(),
-          60_000,
-          "w",
-        ]);
+        const [row] = await runQuery(client, fetchStatement(db.names, { synchronousCommit: sync }), {
+          queues: ["sync"],
+          limit: 1,
+          token: randomUUID(),
+          leaseTtlMs: 60_000,
+          workerId: "w",
+        });
         expect(row).toBeDefined();
         expect((await client.query("SHOW synchronous_commit")).rows[0].synchronous_commit).toBe(expected);
         await client.query("COMMIT");
@@ -309,31 +309,33 @@ describe("lease fencing", () => {
   it("the ack statement deletes only (id, token) pairs it still owns and names them when some are missing", async () => {
     await publishRows("ackq", 3);
     const token = randomUUID();
-    const leased = await run<LeasedRow>(db.pool, fetchStatement(db.names, { synchronousCommit: false }), [
-      ["ackq"],
-      10,
-      token,
-      60_000,
-      "w",
-    ]);
+    const leased = await runQuery(db.pool, fetchStatement(db.names, { synchronousCommit: false }), {
+      queues: ["ackq"],
+      limit: 10,
+      token: token,
+      leaseTtlMs: 60_000,
+      workerId: "w",
+    });
     const [a, b, c] = leased.map((r) => r.id);
     const ack = completeStatements(db.names, { synchronousCommit: false }).ack;
     // A wrong token deletes nothing, and says so with an empty list (not "all").
-    expect(await run(db.pool, ack, [[a], [randomUUID()]])).toEqual([{ deleted: 0, keys: [] }]);
+    expect(await runQuery(db.pool, ack, { ids: [a ?? ""], tokens: [randomUUID()] })).toEqual([
+      { deleted: 0, keys: [] },
+    ]);
     // Partly ours: only the owned rows go, and they are named by delivery (id and token), not by id: the
     // same id may be in the batch twice, once under an older token of this worker's.
     expect(
-      await run(db.pool, ack, [
-        [a, b, a],
-        [token, randomUUID(), randomUUID()],
-      ]),
+      await runQuery(db.pool, ack, {
+        ids: [a, b, a].map(String),
+        tokens: [token, randomUUID(), randomUUID()],
+      }),
     ).toEqual([{ deleted: 1, keys: [`${a}/${token}`] }]);
     // All ours: no per-row data.
     expect(
-      await run(db.pool, ack, [
-        [b, c],
-        [token, token],
-      ]),
+      await runQuery(db.pool, ack, {
+        ids: [b, c].map(String),
+        tokens: [token, token],
+      }),
     ).toEqual([{ deleted: 2, keys: null }]);
     expect(await count("messages")).toBe(0);
   });
@@ -358,13 +360,13 @@ describe("lease fencing", () => {
     // Both leases run out under the zombie (as if its heartbeat had stalled) and another worker takes over.
     await db.pool.query(`UPDATE ${db.names.messages} SET lease_expires_at = now() - interval '1 second'`);
     const token = randomUUID();
-    const taken = await run<LeasedRow>(db.pool, fetchStatement(db.names, { synchronousCommit: false }), [
-      ["zombie"],
-      10,
-      token,
-      60_000,
-      "new-owner",
-    ]);
+    const taken = await runQuery(db.pool, fetchStatement(db.names, { synchronousCommit: false }), {
+      queues: ["zombie"],
+      limit: 10,
+      token: token,
+      leaseTtlMs: 60_000,
+      workerId: "new-owner",
+    });
     expect(taken).toHaveLength(2);
     for (const open of gates) open();
     await until(() => lost.length === 2, "two lease_lost events");
@@ -376,10 +378,10 @@ describe("lease fencing", () => {
       { acquired_by: "new-owner", attempts_count: 0 },
       { acquired_by: "new-owner", attempts_count: 0 },
     ]);
-    const acked = await run(db.pool, completeStatements(db.names, { synchronousCommit: false }).ack, [
-      taken.map((r) => r.id),
-      taken.map(() => token),
-    ]);
+    const acked = await runQuery(db.pool, completeStatements(db.names, { synchronousCommit: false }).ack, {
+      ids: taken.map((r) => r.id),
+      tokens: taken.map(() => token),
+    });
     expect(acked).toEqual([{ deleted: 2, keys: null }]);
   });
 

@@ -12,7 +12,7 @@
 import { randomUUID } from "node:crypto";
 import pg from "pg";
 import { completeStatements } from "../../src/sql/complete.js";
-import { run } from "../../src/sql/executor.js";
+import { runQuery } from "../../src/sql/executor.js";
 import { fetchStatement } from "../../src/sql/fetch.js";
 import { outboxNames } from "../../src/sql/names.js";
 import { DATABASE_URL } from "../lib.js";
@@ -58,18 +58,23 @@ RETURNING id, payload`,
             onRows(rows.length);
           } else {
             const token = randomUUID();
-            const rows = await run<{ id: string }>(
+            const rows = await runQuery(
               c,
               fetch,
-              [[QUEUE], SQL_BATCH, token, 30_000, "bench-sql"],
+              { queues: [QUEUE], limit: SQL_BATCH, token, leaseTtlMs: 30_000, workerId: "bench-sql" },
               { prepared: true },
             );
             if (rows.length === 0) return;
             onRows(rows.length);
             const ids = rows.map((r) => r.id);
-            const [gone] = await run<{ deleted: number }>(c, ack, [ids, ids.map(() => token)], {
-              prepared: true,
-            });
+            const [gone] = await runQuery(
+              c,
+              ack,
+              { ids, tokens: ids.map(() => token) },
+              {
+                prepared: true,
+              },
+            );
             if (gone?.deleted !== ids.length)
               throw new Error(`ack deleted ${gone?.deleted} of ${ids.length}`);
           }

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 import { readFileSync } from "node:fs";
 import { format } from "node:util";
-import { OutboxConfigError } from "../errors.js";
+import { OutboxConfigError } from "../contract/errors.js";
 import { registerSecrets, registerUrlSecrets, scrubSecrets } from "../util/redact.js";
 import { UsageError } from "./args.js";
 import { deadLettersCommand, deadLettersUsage } from "./dead-letters-command.js";

@@ -4,30 +4,16 @@
  * repeat harmless. An outcome is reported only after its write has landed; a row missing from RETURNING
  * was taken over by another worker (`lease_lost`) and is not touched again.
  */
+import { type HeldRow, settle } from "../lease/held.js";
+import type { Outcome, OutcomeOf } from "../lease/outcome.js";
+import type { Landed, LeaseStore } from "../lease/store.js";
 import { backoffDelay } from "../retry/strategies.js";
-import { deliveryKey } from "../sql/complete.js";
-import type { HeldRow } from "../worker/held.js";
 
-export type Outcome =
-  | { kind: "ack"; held: HeldRow; durationMs: number }
-  | {
-      kind: "retry";
-      held: HeldRow;
-      delayMs: number;
-      error: string;
-      failed: 0 | 1;
-      transient: boolean;
-      timedOut: boolean;
-    }
-  | { kind: "dead"; held: HeldRow; reason: string; error: string | null; attempted: 0 | 1; failed: 0 | 1 };
-
-/** Which deliveries a write touched: "all" of them, or the `deliveryKey`s of those it did (the rest were lost). */
-export type Written = ReadonlySet<string> | "all";
+export type { Outcome };
 
 export interface CompleterDeps {
-  ack(items: Extract<Outcome, { kind: "ack" }>[]): Promise<Written>;
-  retry(items: Extract<Outcome, { kind: "retry" }>[]): Promise<Written>;
-  dead(items: Extract<Outcome, { kind: "dead" }>[]): Promise<Written>;
+  store: Pick<LeaseStore, "ack" | "retry" | "deadLetter">;
+  /** The outcome's write landed (the delivery is already settled). */
   landed(outcome: Outcome): void;
   lost(outcome: Outcome): void;
   /** Called after each successful flush, so the fetcher can use the slots it freed. */
@@ -133,9 +119,10 @@ export class Completer {
           const written = await this.#run(kind, items);
           kinds.delete(kind);
           for (const o of items) {
-            if (written === "all" || written.has(deliveryKey(o.held.row.id, o.held.token)))
+            if (written.has(o.held)) {
+              settle(o.held);
               this.deps.landed(o);
-            else this.deps.lost(o);
+            } else this.deps.lost(o);
           }
         }),
       );
@@ -159,10 +146,11 @@ export class Completer {
     }
   }
 
-  #run(kind: Outcome["kind"], items: Outcome[]): Promise<Written> {
-    if (kind === "ack") return this.deps.ack(items as Extract<Outcome, { kind: "ack" }>[]);
-    if (kind === "retry") return this.deps.retry(items as Extract<Outcome, { kind: "retry" }>[]);
-    return this.deps.dead(items as Extract<Outcome, { kind: "dead" }>[]);
+  #run(kind: Outcome["kind"], items: Outcome[]): Promise<Landed> {
+    const { store } = this.deps;
+    if (kind === "ack") return store.ack(items as OutcomeOf<"ack">[]);
+    if (kind === "retry") return store.retry(items as OutcomeOf<"retry">[]);
+    return store.deadLetter(items as OutcomeOf<"dead">[]);
   }
 }
 

@@ -4,14 +4,13 @@
  * not handed to a second worker while this one is alive. A row the renewal no longer finds was taken over:
  * the caller aborts its handler and forgets it.
  */
-import { deliveryKey } from "../sql/complete.js";
-import type { HeldRow } from "../worker/held.js";
+import { type HeldRow, isLive } from "../lease/held.js";
+import type { Landed, LeaseStore } from "../lease/store.js";
 
 export interface HeartbeatDeps {
   intervalMs: number;
   collect(): HeldRow[];
-  /** Renews the leases; returns the `deliveryKey`s still held. */
-  renew(rows: HeldRow[]): Promise<Set<string>>;
+  store: Pick<LeaseStore, "renew">;
   lost(held: HeldRow): void;
   onError(error: Error, consecutive: number): void;
   onRecovered(): void;
@@ -46,9 +45,9 @@ export class Heartbeat {
   async beat(): Promise<void> {
     const rows = this.deps.collect();
     if (rows.length === 0) return;
-    let kept: Set<string>;
+    let kept: Landed;
     try {
-      kept = await this.deps.renew(rows);
+      kept = await this.deps.store.renew(rows);
     } catch (error) {
       this.#failures++;
       this.deps.onError(error as Error, this.#failures);
@@ -58,8 +57,8 @@ export class Heartbeat {
     this.#failures = 0;
     for (const held of rows) {
       // A row whose completion write started meanwhile may be gone because of that write, not a takeover.
-      if (kept.has(deliveryKey(held.row.id, held.token))) continue;
-      if (held.writing || held.state === "done" || held.state === "lost") continue;
+      if (kept.has(held)) continue;
+      if (held.writing || !isLive(held)) continue;
       this.deps.lost(held);
     }
   }

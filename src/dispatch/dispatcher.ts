@@ -3,11 +3,12 @@
  * the payload, run the handler with an AbortSignal and a timeout, and turn what happened into one outcome
  * for the completer.
  */
-import type { Outcome } from "../complete/completer.js";
+
+import type { MessageContext, ResolvedQueue } from "../contract/handler.js";
+import { classifyError, errorMessage } from "../contract/handler-errors.js";
+import { abortHeld, type HeldRow, heldSignal, lose, startCompleting, startRunning } from "../lease/held.js";
+import type { Outcome } from "../lease/outcome.js";
 import { decide, defaultRetry, type RetryStrategy } from "../retry/strategies.js";
-import { abortHeld, type HeldRow, heldSignal } from "../worker/held.js";
-import type { MessageContext, ResolvedQueue } from "../worker/options.js";
-import { classifyError, errorMessage } from "./errors.js";
 import type { LocalQueue } from "./local-queue.js";
 import { HandlerTimeoutError, isHandlerTimeout } from "./timeout.js";
 
@@ -117,7 +118,8 @@ export class Dispatcher {
     this.#abandoned = true;
     clearInterval(this.#sweeper);
     const abandoned = [...this.#running.keys()];
-    for (const held of abandoned) abortHeld(held, reason);
+    // Their leases are left to expire: another worker retries them.
+    for (const held of abandoned) lose(held, reason);
     return abandoned;
   }
 
@@ -158,11 +160,8 @@ export class Dispatcher {
       if (!held) return;
       if (held.state !== "queued") continue;
       const outcome = await this.#process(held);
-      // The heartbeat may have declared the lease lost while the handler ran (state changes across await).
-      if (outcome && !this.#abandoned && (held.state as HeldRow["state"]) !== "lost") {
-        held.state = "completing";
-        this.deps.submit(outcome);
-      }
+      // The heartbeat may have declared the lease lost while the handler ran: then startCompleting refuses.
+      if (outcome && !this.#abandoned && startCompleting(held)) this.deps.submit(outcome);
     }
   }
 
@@ -201,8 +200,7 @@ export class Dispatcher {
       }
     }
 
-    held.state = "running";
-    held.startedAt = performance.now();
+    if (!startRunning(held, performance.now())) return undefined;
     const running: Running = {
       deadline: held.startedAt + queue.timeoutMs,
       timeoutMs: queue.timeoutMs,

@@ -7,7 +7,7 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
 import pg from "pg";
-import { OutboxError } from "../errors.js";
+import { OutboxError } from "../contract/errors.js";
 
 export interface EmbeddedPostgresHandle {
   url: string;

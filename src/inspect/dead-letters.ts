@@ -1,4 +1,4 @@
-import { OutboxConfigError } from "../errors.js";
+import { OutboxConfigError } from "../contract/errors.js";
 import {
   type DeadLetterRow as DeadLetter,
   getDeadLetterStatement,

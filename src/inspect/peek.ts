@@ -1,4 +1,4 @@
-import { OutboxConfigError } from "../errors.js";
+import { OutboxConfigError } from "../contract/errors.js";
 import { type Executor, run } from "../sql/executor.js";
 import { outboxNames } from "../sql/names.js";
 import {

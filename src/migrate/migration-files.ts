@@ -1,7 +1,7 @@
 import { createHash } from "node:crypto";
 import { readdir, readFile } from "node:fs/promises";
 import { fileURLToPath } from "node:url";
-import { MigrationError } from "../errors.js";
+import { MigrationError } from "../contract/errors.js";
 import { type OutboxNames, quoteLiteral } from "../sql/names.js";
 
 /** A migration file as shipped: its SQL still holds the `{{schema}}` and `{{channel}}` placeholders. */

@@ -1,5 +1,5 @@
 import pg from "pg";
-import { MigrationError } from "../errors.js";
+import { MigrationError } from "../contract/errors.js";
 import { type AppliedMigrationRow, migrationStatements } from "../sql/migrations.js";
 import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
 import { loadMigrationFiles, type MigrationFile, renderMigration } from "./migration-files.js";

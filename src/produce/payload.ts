@@ -1,4 +1,4 @@
-import { OutboxPayloadError } from "../errors.js";
+import { OutboxPayloadError } from "../contract/errors.js";
 import type { QueueDefinition } from "./queue.js";
 
 export const DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024;

@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { OutboxConfigError, OutboxPayloadError } from "../errors.js";
+import { OutboxConfigError, OutboxPayloadError } from "../contract/errors.js";
 import { type Executor, isExecutor, run } from "../sql/executor.js";
 import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
 import { type InsertedRow, produceStatements } from "../sql/produce.js";

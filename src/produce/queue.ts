@@ -1,5 +1,5 @@
 import type { z } from "zod";
-import { OutboxConfigError } from "../errors.js";
+import { OutboxConfigError } from "../contract/errors.js";
 
 /** A queue and the shape of its payloads. The schema checks payloads at publish and again at delivery. */
 export interface QueueDefinition<Input = unknown, Output = Input> {

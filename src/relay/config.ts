@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { OutboxConfigError } from "../errors.js";
+import { OutboxConfigError } from "../contract/errors.js";
 
 /** Where a relay's target names may say `{queue}`: replaced by the message's queue name. */
 export const QUEUE_PLACEHOLDER = "{queue}";

@@ -1,4 +1,4 @@
-import { TransientError } from "../dispatch/errors.js";
+import { TransientError } from "../contract/handler-errors.js";
 
 /**
  * Settles like `work`, unless `timeoutMs` passes or `signal` aborts first: then rejects with a

@@ -19,7 +19,7 @@ export interface RelayHealth {
   error?: string;
 }
 
-import { errorMessage } from "../dispatch/errors.js";
+import { errorMessage } from "../contract/handler-errors.js";
 
 /** The state a relay keeps up to date from its connects and publishes. */
 export class RelayHealthTracker {

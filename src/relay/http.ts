@@ -1,8 +1,8 @@
 import { createHmac } from "node:crypto";
 import type { z } from "zod";
-import { PermanentError, TransientError } from "../dispatch/errors.js";
+import type { MessageContext } from "../contract/handler.js";
+import { PermanentError, TransientError } from "../contract/handler-errors.js";
 import { redactConnectionString } from "../util/redact.js";
-import type { MessageContext } from "../worker/options.js";
 import { httpRelayConfigSchema, parseRelayConfig } from "./config.js";
 import { RelayHealthTracker } from "./health.js";
 import type { Relay, RelayDeps } from "./relay.js";

@@ -1,4 +1,4 @@
-import { TransientError } from "../dispatch/errors.js";
+import { TransientError } from "../contract/handler-errors.js";
 import { withDeadline } from "./deadline.js";
 
 export interface LazyConnectionOptions<C extends object> {

@@ -9,10 +9,10 @@ import {
   headers as natsHeaders,
 } from "nats";
 import type { z } from "zod";
-import { errorMessage, PermanentError, TransientError } from "../dispatch/errors.js";
-import { OutboxConfigError } from "../errors.js";
+import { OutboxConfigError } from "../contract/errors.js";
+import type { MessageContext } from "../contract/handler.js";
+import { errorMessage, PermanentError, TransientError } from "../contract/handler-errors.js";
 import { redactConnectionString } from "../util/redact.js";
-import type { MessageContext } from "../worker/options.js";
 import { natsRelayConfigSchema, parseRelayConfig, QUEUE_PLACEHOLDER, renderTarget } from "./config.js";
 import { withDeadline } from "./deadline.js";
 import { type RelayHealth, RelayHealthTracker } from "./health.js";

@@ -1,8 +1,8 @@
 import amqp, { type ChannelModel, type ConfirmChannel } from "amqplib";
 import type { z } from "zod";
-import { errorMessage, PermanentError, TransientError } from "../dispatch/errors.js";
+import type { MessageContext } from "../contract/handler.js";
+import { errorMessage, PermanentError, TransientError } from "../contract/handler-errors.js";
 import { redactConnectionString } from "../util/redact.js";
-import type { MessageContext } from "../worker/options.js";
 import { parseRelayConfig, QUEUE_PLACEHOLDER, rabbitmqRelayConfigSchema, renderTarget } from "./config.js";
 import { withDeadline } from "./deadline.js";
 import { type RelayHealth, RelayHealthTracker } from "./health.js";

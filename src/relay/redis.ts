@@ -1,8 +1,8 @@
 import { Redis } from "ioredis";
 import type { z } from "zod";
-import { errorMessage, TransientError } from "../dispatch/errors.js";
+import type { MessageContext } from "../contract/handler.js";
+import { errorMessage, TransientError } from "../contract/handler-errors.js";
 import { redactConnectionString } from "../util/redact.js";
-import type { MessageContext } from "../worker/options.js";
 import { parseRelayConfig, QUEUE_PLACEHOLDER, redisRelayConfigSchema, renderTarget } from "./config.js";
 import { withDeadline } from "./deadline.js";
 import { RelayHealthTracker } from "./health.js";

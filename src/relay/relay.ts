@@ -1,5 +1,5 @@
 import type { Logger } from "pino";
-import type { Handler } from "../worker/options.js";
+import type { Handler } from "../contract/handler.js";
 import type { RelayHealth } from "./health.js";
 
 /**

@@ -1,6 +1,6 @@
 import path from "node:path";
+import type { Handler, QueueConfig } from "../contract/handler.js";
 import { validateQueueName } from "../produce/queue.js";
-import type { Handler, QueueConfig } from "../worker/options.js";
 import { ConfigError } from "./config.js";
 import { importUserModule } from "./user-module.js";
 

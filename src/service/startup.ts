@@ -6,7 +6,7 @@
  */
 import type pg from "pg";
 import type { Logger } from "pino";
-import { MigrationError } from "../errors.js";
+import { MigrationError } from "../contract/errors.js";
 import { describeTableHealth, tableHealth } from "../inspect/table-health.js";
 import { migrationState } from "../migrate/migrator.js";
 import { outboxNames } from "../sql/names.js";

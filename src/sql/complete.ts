@@ -1,4 +1,4 @@
-import { type Statement, statement } from "./executor.js";
+import { defineQuery, type Query } from "./executor.js";
 import type { OutboxNames } from "./names.js";
 import { type StatementSettings, settingsJoin, withSettings } from "./settings.js";
 
@@ -14,28 +14,39 @@ import { type StatementSettings, settingsJoin, withSettings } from "./settings.j
  * The pairs are joined through unnest. The planner may look each id up by primary key or hash-join over
  * the leased rows (messages_leased_idx); both stay small because only held rows are leased.
  */
+/** Parallel arrays naming deliveries: `ids[i]` leased under `tokens[i]`, as array literals or arrays. */
+export interface DeliveryParams {
+  ids: string | readonly string[];
+  tokens: string | readonly string[];
+}
+
 export interface CompleteStatements {
   /**
-   * $1 ids, $2 tokens → one row: `deleted` count, and `keys` (the deleted deliveries) only when some were
-   * not deleted. The common case (every row still ours) returns no per-row data: at tens of thousands of
-   * acks a second, a result row per message costs the worker more than the DELETE costs Postgres.
+   * One row: `deleted` count, and `keys` (the deleted deliveries) only when some were not deleted. The
+   * common case (every row still ours) returns no per-row data: at tens of thousands of acks a second, a
+   * result row per message costs the worker more than the DELETE costs Postgres.
    */
-  ack: Statement;
-  /**
-   * $1 ids, $2 tokens, $3 delays ms, $4 errors, $5 failure increments (0 or 1), $6 max error length
-   * → keys. Clears the lease and schedules the row on the server clock.
-   */
-  retry: Statement;
-  /**
-   * $1 ids, $2 tokens, $3 reasons, $4 errors, $5 attempt increments (1 when a handler ran), $6 failure
-   * increments, $7 max error length → keys. One statement: the row leaves messages only if it lands in
-   * dead_letters.
-   */
-  dead: Statement;
-  /** $1 ids, $2 tokens → keys. Gives unstarted rows back (graceful stop) without counting a delivery. */
-  release: Statement;
-  /** $1 ids, $2 tokens, $3 lease TTL ms → keys still held. */
-  renew: Statement;
+  ack: Query<DeliveryParams, AckRow>;
+  /** Clears the lease and schedules the row on the server clock → keys of the rows written. */
+  retry: Query<
+    DeliveryParams & { delaysMs: number[]; errors: string[]; failed: number[]; maxErrorLength: number },
+    KeyRow
+  >;
+  /** One statement: the row leaves messages only if it lands in dead_letters → keys of the rows moved. */
+  dead: Query<
+    DeliveryParams & {
+      reasons: string[];
+      errors: (string | null)[];
+      attempted: number[];
+      failed: number[];
+      maxErrorLength: number;
+    },
+    KeyRow
+  >;
+  /** Gives unstarted rows back (graceful stop) without counting a delivery → keys. */
+  release: Query<DeliveryParams, KeyRow>;
+  /** → keys of the leases still held, extended by `leaseTtlMs` from now. */
+  renew: Query<DeliveryParams & { leaseTtlMs: number }, KeyRow>;
 }
 
 /** A delivery's key: the row id and the lease token it was delivered under. */
@@ -62,7 +73,7 @@ export function completeStatements(names: OutboxNames, settings: StatementSettin
   const pairs = "unnest($1::bigint[], $2::uuid[])";
   const also = settingsJoin(settings);
   return {
-    ack: statement(
+    ack: defineQuery(
       "ack",
       `${withSettings(settings, true)}gone AS (
   DELETE FROM ${m} AS t USING ${pairs} AS d(id, token)${also}
@@ -73,8 +84,9 @@ SELECT count(*)::int AS deleted,
        -- array_agg of no rows is NULL, not '{}': without COALESCE "none deleted" would read as "all deleted".
        CASE WHEN count(*) < cardinality($1::bigint[]) THEN COALESCE(array_agg(key), '{}') END AS keys
 FROM gone`,
+      (p) => [p.ids, p.tokens],
     ),
-    retry: statement(
+    retry: defineQuery(
       "retry",
       `${withSettings(settings, false)}UPDATE ${m} AS t
 SET acquired_token = NULL, acquired_at = NULL, lease_expires_at = NULL, acquired_by = NULL,
@@ -88,8 +100,9 @@ FROM unnest($1::bigint[], $2::uuid[], $3::double precision[], $4::text[], $5::in
      AS d(id, token, delay_ms, error, failed)${also}
 WHERE t.id = d.id AND t.acquired_token = d.token
 RETURNING t.id::text || '/' || d.token::text AS key`,
+      (p) => [p.ids, p.tokens, p.delaysMs, p.errors, p.failed, p.maxErrorLength],
     ),
-    dead: statement(
+    dead: defineQuery(
       "dead",
       `${withSettings(settings, true)}gone AS (
   DELETE FROM ${m} AS t
@@ -118,8 +131,9 @@ RETURNING t.id::text || '/' || d.token::text AS key`,
 )
 -- Every row that left messages is in dead_letters (the INSERT cannot skip one), so gone names the moves.
 SELECT t.id::text || '/' || t.acquired_token::text AS key FROM gone AS t`,
+      (p) => [p.ids, p.tokens, p.reasons, p.errors, p.attempted, p.failed, p.maxErrorLength],
     ),
-    release: statement(
+    release: defineQuery(
       "release",
       `${withSettings(settings, false)}UPDATE ${m} AS t
 SET acquired_token = NULL, acquired_at = NULL, lease_expires_at = NULL, acquired_by = NULL,
@@ -127,14 +141,16 @@ SET acquired_token = NULL, acquired_at = NULL, lease_expires_at = NULL, acquired
 FROM ${pairs} AS d(id, token)${also}
 WHERE t.id = d.id AND t.acquired_token = d.token
 RETURNING t.id::text || '/' || d.token::text AS key`,
+      (p) => [p.ids, p.tokens],
     ),
-    renew: statement(
+    renew: defineQuery(
       "renew",
       `${withSettings(settings, false)}UPDATE ${m} AS t
 SET lease_expires_at = now() + $3::double precision * interval '1 millisecond'
 FROM ${pairs} AS d(id, token)${also}
 WHERE t.id = d.id AND t.acquired_token = d.token
 RETURNING ${KEY} AS key`,
+      (p) => [p.ids, p.tokens, p.leaseTtlMs],
     ),
   };
 }

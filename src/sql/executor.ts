@@ -79,6 +79,35 @@ export function isPreparedStatementLost(error: unknown): boolean {
   return typeof code === "string" && POOLER_STATEMENT_ERRORS.has(code);
 }
 
+/**
+ * A statement with its parameters as a typed object and its row type. The `$n` order is written once, in
+ * `values`, beside the text: callers pass named fields, so a reordered parameter is a type error.
+ */
+export interface Query<Params, Row> {
+  readonly statement: Statement;
+  values(params: Params): unknown[];
+  /** Type-only: the row type of the result. */
+  readonly row?: Row;
+}
+
+export function defineQuery<Params, Row>(
+  label: string,
+  text: string,
+  values: (params: Params) => unknown[],
+): Query<Params, Row> {
+  return { statement: statement(label, text), values };
+}
+
+/** Run a {@link Query} with its parameters. */
+export function runQuery<Params, Row>(
+  executor: Executor,
+  query: Query<Params, Row>,
+  params: Params,
+  options: RunOptions = {},
+): Promise<Row[]> {
+  return run<Row>(executor, query.statement, query.values(params), options);
+}
+
 /** Name a statement by a short hash of its text: the same text always gets the same prepared name. */
 export function statement(label: string, text: string): Statement {
   let hash = 0x811c9dc5;

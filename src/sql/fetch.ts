@@ -1,4 +1,4 @@
-import { type Statement, statement } from "./executor.js";
+import { defineQuery, type Query } from "./executor.js";
 import type { OutboxNames } from "./names.js";
 import type { MessageColumns } from "./rows.js";
 import { type StatementSettings, settingsCte } from "./settings.js";
@@ -14,9 +14,17 @@ export type LeasedRow = Omit<MessageColumns, "available_at" | "created_at" | "pa
   payload: string;
 };
 
+export interface LeaseParams {
+  queues: readonly string[];
+  limit: number;
+  token: string;
+  leaseTtlMs: number;
+  workerId: string;
+}
+
 /**
- * Lease up to $2 rows of the queues in $1 whose lease is unset or expired and whose time has come, oldest
- * first. $3 token, $4 lease TTL in ms, $5 worker id.
+ * Lease up to `limit` rows of `queues` whose lease is unset or expired and whose time has come, oldest
+ * first, under `token` for `leaseTtlMs`, naming `workerId` as their holder.
  *
  * Each branch of "unleased OR lease expired" is its own index scan (messages_ready_idx and
  * messages_leased_idx), per queue through LATERAL, so the cost follows the batch size and not the backlog:
@@ -25,10 +33,13 @@ export type LeasedRow = Omit<MessageColumns, "available_at" | "created_at" | "pa
  * back as an array so the UPDATE finds them by primary key: joining the CTE instead lets a generic plan
  * choose a hash join over a full scan of the table.
  */
-export function fetchStatement(names: OutboxNames, settings: StatementSettings): Statement {
+export function fetchStatement(
+  names: OutboxNames,
+  settings: StatementSettings,
+): Query<LeaseParams, LeasedRow> {
   const m = names.messages;
   const cte = settingsCte(settings);
-  return statement(
+  return defineQuery(
     "lease",
     `WITH ${cte === "" ? "" : `${cte}, `}expired AS (
   SELECT c.id, c.available_at FROM unnest($1::text[]) AS q(queue)
@@ -62,5 +73,6 @@ SET acquired_token = $3::uuid,
 WHERE t.id = ANY (ARRAY(SELECT id FROM picked))
 RETURNING t.id::text AS id, t.queue, t.payload::text AS payload, t.headers, t.key, date_part('epoch', t.created_at) AS created_epoch,
           t.deliveries_count, t.attempts_count, t.failures_count, t.first_attempt_at, t.last_attempt_at`,
+    (p) => [p.queues, p.limit, p.token, p.leaseTtlMs, p.workerId],
   );
 }

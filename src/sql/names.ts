@@ -1,4 +1,4 @@
-import { OutboxConfigError } from "../errors.js";
+import { OutboxConfigError } from "../contract/errors.js";
 
 /** The outbox schema every function uses when none is given. */
 export const DEFAULT_SCHEMA = "outbox";

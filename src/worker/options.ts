@@ -2,57 +2,11 @@ import { hostname } from "node:os";
 import pg from "pg";
 import type { Logger } from "pino";
 import { z } from "zod";
-import { OutboxConfigError } from "../errors.js";
+import { OutboxConfigError } from "../contract/errors.js";
+import type { Handler, QueueConfig, ResolvedQueue } from "../contract/handler.js";
+import type { RetryStrategy } from "../contract/retry.js";
 import { type QueueDefinition, validateQueueName } from "../produce/queue.js";
-import type { RetryStrategy } from "../retry/strategies.js";
 import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
-
-/** What a handler gets besides its payload. */
-export interface MessageContext {
-  id: string;
-  queue: string;
-  key: string | null;
-  headers: Record<string, string>;
-  /** Times this row has been leased, this one included (crash re-claims count). */
-  deliveries: number;
-  /** Handler attempts that ended before this one. */
-  attempts: number;
-  createdAt: Date;
-  /**
-   * The payload exactly as stored (jsonb's JSON text). Read it when numbers may exceed 2^53: the parsed
-   * payload holds them as doubles, this text holds every digit.
-   */
-  rawPayload: string;
-  /**
-   * Fires when the handler's timeout passes, the worker's stop timeout passes, or this worker lost the
-   * lease: stop work, nothing will be saved.
-   */
-  signal: AbortSignal;
-}
-
-/**
- * Delivers one message. Returning acknowledges it; throwing retries it (a {@link PermanentError}
- * dead-letters it at once, a {@link TransientError} retries it without counting towards `maxAttempts`).
- */
-export type Handler<P = unknown> = (payload: P, message: MessageContext) => Promise<void> | void;
-
-/** One queue's handler and its per-queue settings, in `WorkerOptions.queues` (see {@link handle}). */
-export interface QueueConfig<P = unknown> {
-  handler: Handler<P>;
-  /** Validates (and types) payloads at delivery; a payload that fails goes to dead letters as invalid_payload. */
-  schema?: z.ZodType<P>;
-  /** This queue's retry strategy (overrides the worker's `retry`). */
-  retry?: RetryStrategy;
-  /** Failures (transient ones excluded) after which a message is dead-lettered as retries_exhausted. */
-  maxAttempts?: number;
-  /** This queue's handler timeout (overrides the worker's `handlerTimeoutMs`). */
-  timeoutMs?: number;
-  /**
-   * Hand the handler the stored JSON text as its payload, unparsed and unvalidated (the built-in relays
-   * do: bytes in, bytes out, and no parse per message). Not with `schema`.
-   */
-  rawPayload?: boolean;
-}
 
 const positiveMs = (max: number) => z.number().int().positive().max(max);
 
@@ -193,16 +147,6 @@ const optionsSchema = z
  * defaults. Every field, its default and its bounds are in the README's worker section.
  */
 export type WorkerOptions = z.input<typeof optionsSchema>;
-
-export interface ResolvedQueue {
-  name: string;
-  handler: Handler;
-  schema: z.ZodType | undefined;
-  retry: RetryStrategy | undefined;
-  maxAttempts: number;
-  timeoutMs: number;
-  rawPayload: boolean;
-}
 
 export type ResolvedOptions = Omit<
   z.output<typeof optionsSchema>,

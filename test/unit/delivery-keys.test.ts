@@ -1,24 +1,32 @@
 import { describe, expect, it } from "vitest";
 import { Completer, type Outcome } from "../../src/complete/completer.js";
 import { Heartbeat } from "../../src/complete/heartbeat.js";
-import { deliveryKey } from "../../src/sql/complete.js";
-import type { LeasedRow } from "../../src/sql/fetch.js";
-import type { HeldRow } from "../../src/worker/held.js";
+import { type HeldRow, heldRows, startCompleting } from "../../src/lease/held.js";
+import { MemoryLeaseStore, MemoryTable } from "../../src/lease/memory-store.js";
 
 /**
  * DESIGN §4.10: bookkeeping by (id, token). One worker can hold two deliveries of a row (its own lease ran
  * out and it leased the row again); what a write touched is credited to the delivery it names, never to
- * every delivery of the same id.
+ * every delivery of the same id. Run on the in-memory lease store, which passes the same contract as the
+ * Postgres one (test/lease-store.test.ts).
  */
-function held(id: string, token: string, state: HeldRow["state"] = "running"): HeldRow {
-  const row = { id, queue: "q", payload: "{}", headers: {}, key: null } as unknown as LeasedRow;
-  return { row, token, state, writing: false, controller: undefined, startedAt: 0 };
+async function twoDeliveriesOfOneRow() {
+  let clock = 0;
+  const table = new MemoryTable(() => clock);
+  const store = new MemoryLeaseStore(table, { queues: ["q"], leaseTtlMs: 1000 });
+  table.insert("q");
+  const first = await store.lease(1);
+  clock += 2000; // the first lease runs out while its handler still runs
+  const second = await store.lease(1);
+  const [old] = heldRows(first.token, first.rows) as [HeldRow];
+  const [fresh] = heldRows(second.token, second.rows) as [HeldRow];
+  expect(old.id).toBe(fresh.id);
+  return { store, table, old, fresh };
 }
 
 describe("delivery keys", () => {
   it("the completer credits a write to the delivery it names: the old delivery of the same row is lost", async () => {
-    const old = held("7", "token-old");
-    const fresh = held("7", "token-new");
+    const { store, table, old, fresh } = await twoDeliveriesOfOneRow();
     const landed: HeldRow[] = [];
     const lost: HeldRow[] = [];
     let done!: () => void;
@@ -26,10 +34,7 @@ describe("delivery keys", () => {
       done = resolve;
     });
     const completer = new Completer({
-      // Only the new delivery still owns the row.
-      ack: async () => new Set([deliveryKey("7", "token-new")]),
-      retry: async () => "all",
-      dead: async () => "all",
+      store,
       landed: (o: Outcome) => landed.push(o.held),
       lost: (o: Outcome) => lost.push(o.held),
       flushed: () => done(),
@@ -41,21 +46,23 @@ describe("delivery keys", () => {
       backoffMaxMs: 1,
       maxConsecutiveFailures: 3,
     });
-    completer.submit({ kind: "ack", held: old, durationMs: 1 });
-    completer.submit({ kind: "ack", held: fresh, durationMs: 1 });
+    for (const h of [old, fresh]) {
+      startCompleting(h);
+      completer.submit({ kind: "ack", held: h, durationMs: 1 });
+    }
     await flushed;
     expect(landed).toEqual([fresh]);
     expect(lost).toEqual([old]);
+    expect([fresh.state, table.rows.size]).toEqual(["done", 0]);
   });
 
   it("the heartbeat keeps the delivery whose (id, token) was renewed and reports the other one lost", async () => {
-    const old = held("7", "token-old");
-    const fresh = held("7", "token-new");
+    const { store, old, fresh } = await twoDeliveriesOfOneRow();
     const lost: HeldRow[] = [];
     const heartbeat = new Heartbeat({
       intervalMs: 60_000,
+      store,
       collect: () => [old, fresh],
-      renew: async () => new Set([deliveryKey("7", "token-new")]),
       lost: (h) => lost.push(h),
       onError: () => {},
       onRecovered: () => {},

@@ -1,7 +1,12 @@
 import net from "node:net";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { classifyError, errorMessage, PermanentError, TransientError } from "../../src/dispatch/errors.js";
+import {
+  classifyError,
+  errorMessage,
+  PermanentError,
+  TransientError,
+} from "../../src/contract/handler-errors.js";
 
 const NETWORK_CODES = [
   "ECONNREFUSED",

@@ -1,0 +1,230 @@
+import { randomUUID } from "node:crypto";
+import type { LeasedRow } from "../sql/fetch.js";
+import {
+  type AckWrite,
+  allLanded,
+  type DeadWrite,
+  type Delivery,
+  type Landed,
+  type LeaseStore,
+  type RetryWrite,
+} from "./store.js";
+
+/** A row of the in-memory `messages` table: what the fetch statement and the writes read and set. */
+export interface MemoryRow {
+  id: string;
+  queue: string;
+  payload: string;
+  headers: Record<string, string>;
+  key: string | null;
+  createdAt: number;
+  availableAt: number;
+  token: string | null;
+  leaseExpiresAt: number | null;
+  acquiredBy: string | null;
+  deliveries: number;
+  attempts: number;
+  failures: number;
+  firstAttemptAt: number | null;
+  lastAttemptAt: number | null;
+  lastError: string | null;
+}
+
+export interface MemoryDeadLetter {
+  row: MemoryRow;
+  reason: string;
+  error: string | null;
+}
+
+export interface MemoryLeaseStoreOptions {
+  queues: readonly string[];
+  workerId?: string;
+  leaseTtlMs: number;
+  maxErrorLength?: number;
+  /** The server clock, in ms; tests move it to expire leases and bring retries due. */
+  now?: () => number;
+}
+
+/**
+ * The lease store's contract in memory, for fast and deterministic tests of the fetcher, completer,
+ * heartbeat and dispatcher, and for model tests of the whole loop. It mirrors the Postgres store's
+ * semantics (the same conformance suite runs against both): due rows oldest first, expired leases taken
+ * over under a new token, every write applied only to rows that still carry the delivery's token.
+ * Several stores may share one `MemoryTable`, like workers sharing a database.
+ */
+export class MemoryTable {
+  readonly rows = new Map<string, MemoryRow>();
+  readonly deadLetters = new Map<string, MemoryDeadLetter>();
+  #nextId = 1;
+
+  constructor(readonly now: () => number = Date.now) {}
+
+  insert(
+    queue: string,
+    payload: unknown = {},
+    options: { delayMs?: number; key?: string | null } = {},
+  ): string {
+    const id = String(this.#nextId++);
+    const at = this.now();
+    this.rows.set(id, {
+      id,
+      queue,
+      payload: JSON.stringify(payload),
+      headers: {},
+      key: options.key ?? null,
+      createdAt: at,
+      availableAt: at + (options.delayMs ?? 0),
+      token: null,
+      leaseExpiresAt: null,
+      acquiredBy: null,
+      deliveries: 0,
+      attempts: 0,
+      failures: 0,
+      firstAttemptAt: null,
+      lastAttemptAt: null,
+      lastError: null,
+    });
+    return id;
+  }
+}
+
+export class MemoryLeaseStore implements LeaseStore {
+  readonly #table: MemoryTable;
+  readonly #options: Required<Omit<MemoryLeaseStoreOptions, "now">>;
+  /** Every token this store made, in order: a test can tell a stale write from a current one. */
+  readonly tokens: string[] = [];
+
+  constructor(table: MemoryTable, options: MemoryLeaseStoreOptions) {
+    this.#table = table;
+    this.#options = { workerId: "memory", maxErrorLength: 4000, ...options };
+  }
+
+  #owned(d: Delivery): MemoryRow | undefined {
+    const row = this.#table.rows.get(d.id);
+    return row !== undefined && row.token === d.token ? row : undefined;
+  }
+
+  async lease(limit: number) {
+    const now = this.#table.now();
+    const token = randomUUID();
+    this.tokens.push(token);
+    const queues = new Set(this.#options.queues);
+    const due = [...this.#table.rows.values()]
+      .filter(
+        (r) =>
+          queues.has(r.queue) && (r.token === null ? r.availableAt <= now : (r.leaseExpiresAt ?? 0) <= now),
+      )
+      .sort((a, b) => a.availableAt - b.availableAt || Number(a.id) - Number(b.id))
+      .slice(0, limit);
+    const rows: LeasedRow[] = due.map((r) => {
+      r.token = token;
+      r.leaseExpiresAt = now + this.#options.leaseTtlMs;
+      r.acquiredBy = this.#options.workerId;
+      r.deliveries++;
+      return {
+        id: r.id,
+        queue: r.queue,
+        payload: r.payload,
+        headers: r.headers,
+        key: r.key,
+        created_epoch: r.createdAt / 1000,
+        deliveries_count: r.deliveries,
+        attempts_count: r.attempts,
+        failures_count: r.failures,
+        first_attempt_at: r.firstAttemptAt === null ? null : new Date(r.firstAttemptAt),
+        last_attempt_at: r.lastAttemptAt === null ? null : new Date(r.lastAttemptAt),
+      };
+    });
+    return { token, rows };
+  }
+
+  #write<D>(
+    items: readonly D[],
+    delivery: (d: D) => Delivery,
+    apply: (row: MemoryRow, item: D) => void,
+  ): Landed {
+    const landed = new Set<string>();
+    for (const item of items) {
+      const d = delivery(item);
+      const row = this.#owned(d);
+      if (row === undefined) continue;
+      apply(row, item);
+      landed.add(`${d.id}/${d.token}`);
+    }
+    return landed.size === items.length
+      ? allLanded(items.length)
+      : { has: (d) => landed.has(`${d.id}/${d.token}`), count: landed.size };
+  }
+
+  #clearLease(row: MemoryRow): void {
+    row.token = null;
+    row.leaseExpiresAt = null;
+    row.acquiredBy = null;
+  }
+
+  async ack(writes: readonly AckWrite[]) {
+    return this.#write(
+      writes,
+      (w) => w.held,
+      (row) => this.#table.rows.delete(row.id),
+    );
+  }
+
+  async retry(writes: readonly RetryWrite[]) {
+    const now = this.#table.now();
+    return this.#write(
+      writes,
+      (w) => w.held,
+      (row, w) => {
+        this.#clearLease(row);
+        row.availableAt = now + w.delayMs;
+        row.attempts++;
+        row.failures += w.failed;
+        row.firstAttemptAt ??= now;
+        row.lastAttemptAt = now;
+        row.lastError = w.error.slice(0, this.#options.maxErrorLength);
+      },
+    );
+  }
+
+  async deadLetter(writes: readonly DeadWrite[]) {
+    const now = this.#table.now();
+    return this.#write(
+      writes,
+      (w) => w.held,
+      (row, w) => {
+        this.#table.rows.delete(row.id);
+        row.attempts += w.attempted;
+        row.failures += w.failed;
+        if (w.attempted > 0) {
+          row.firstAttemptAt ??= now;
+          row.lastAttemptAt = now;
+        }
+        const error = (w.error ?? row.lastError)?.slice(0, this.#options.maxErrorLength) ?? null;
+        this.#table.deadLetters.set(row.id, { row, reason: w.reason, error });
+      },
+    );
+  }
+
+  async release(deliveries: readonly Delivery[]) {
+    return this.#write(
+      deliveries,
+      (d) => d,
+      (row) => {
+        this.#clearLease(row);
+        row.deliveries = Math.max(row.deliveries - 1, 0);
+      },
+    );
+  }
+
+  async renew(deliveries: readonly Delivery[]) {
+    const now = this.#table.now();
+    return this.#write(
+      deliveries,
+      (d) => d,
+      (row) => {
+        row.leaseExpiresAt = now + this.#options.leaseTtlMs;
+      },
+    );
+  }
+}

@@ -1,0 +1,77 @@
+import type { LeasedRow } from "../sql/fetch.js";
+
+/**
+ * One lease of one row: its id and the token it was leased under. Every write names deliveries, not rows:
+ * after its own lease ran out, a worker can hold the same row twice (the old delivery still running, the
+ * new one leased again), and a write for the old one must never count for the new one.
+ */
+export interface Delivery {
+  readonly id: string;
+  readonly token: string;
+}
+
+/** What one `lease` call took: every row carries the same, freshly made token. */
+export interface Lease {
+  readonly token: string;
+  readonly rows: readonly LeasedRow[];
+}
+
+/** An acknowledged delivery: the row is deleted. */
+export interface AckWrite {
+  readonly held: Delivery;
+}
+
+/** A failed attempt: the lease is cleared and the row is due again after `delayMs` (server clock). */
+export interface RetryWrite {
+  readonly held: Delivery;
+  readonly delayMs: number;
+  readonly error: string;
+  /** 1 when the failure counts towards `maxAttempts` (transient ones do not). */
+  readonly failed: 0 | 1;
+}
+
+/** A delivery that goes to the dead letters, with its reason; the move is one statement. */
+export interface DeadWrite {
+  readonly held: Delivery;
+  readonly reason: string;
+  /** Null keeps the row's last error. */
+  readonly error: string | null;
+  /** 1 when a handler ran for this delivery. */
+  readonly attempted: 0 | 1;
+  readonly failed: 0 | 1;
+}
+
+/** The deliveries a write touched. Any other one it was given had lost its lease: someone else owns the row now. */
+export interface Landed {
+  has(delivery: Delivery): boolean;
+  readonly count: number;
+}
+
+/**
+ * The lease store owns the lease token's whole path: it makes each token, leases rows under it, and guards
+ * every later write by it, so a worker whose lease was taken over writes nothing (the newer owner wins).
+ * The fetcher, completer and heartbeat talk to it and never to SQL. `createPgLeaseStore` is the real one;
+ * `MemoryLeaseStore` follows the same contract in memory for fast, deterministic tests (one conformance
+ * suite runs against both).
+ */
+export interface LeaseStore {
+  /** Lease up to `limit` due rows (unleased, or whose lease expired) of the worker's queues, oldest first. */
+  lease(limit: number): Promise<Lease>;
+  ack(writes: readonly AckWrite[]): Promise<Landed>;
+  retry(writes: readonly RetryWrite[]): Promise<Landed>;
+  deadLetter(writes: readonly DeadWrite[]): Promise<Landed>;
+  /** Hand unstarted rows back without counting their delivery (a graceful stop). */
+  release(deliveries: readonly Delivery[]): Promise<Landed>;
+  /** Extend the leases by the lease TTL from now. */
+  renew(deliveries: readonly Delivery[]): Promise<Landed>;
+}
+
+/** Every delivery of the write landed. */
+export function allLanded(count: number): Landed {
+  return { has: () => true, count };
+}
+
+/** The deliveries named by `key` among those a write returned. */
+export function landedByKey(keys: ReadonlySet<string>, key: (d: Delivery) => string): Landed {
+  return { has: (d) => keys.has(key(d)), count: keys.size };
+}

@@ -1,0 +1,261 @@
+import type { Logger } from "pino";
+import { Completer, type Outcome } from "../complete/completer.js";
+import { Heartbeat } from "../complete/heartbeat.js";
+import { Dispatcher } from "../dispatch/dispatcher.js";
+import { LocalQueue } from "../dispatch/local-queue.js";
+import { Fetcher } from "../fetch/fetcher.js";
+import { type HeldRow, heldRows, isLive, lose, settle } from "../lease/held.js";
+import type { LeaseStore } from "../lease/store.js";
+import type { LeasePhase, WorkerEmitter } from "./events.js";
+import type { LoopHealth } from "./loop-health.js";
+import type { ResolvedOptions } from "./options.js";
+
+/** How {@link Worker.stop} went: whether the worker drained, or what it left behind. */
+export interface StopResult {
+  /** True when every handler finished within the timeout and every outcome was written. */
+  drained: boolean;
+  /** Rows fetched but never started, handed back for another worker. */
+  released: number;
+  /** Handlers still running at the timeout: aborted, their leases left to expire. */
+  abandoned: string[];
+}
+
+export interface EngineDeps {
+  options: ResolvedOptions;
+  store: LeaseStore;
+  log: Logger;
+  emitter: WorkerEmitter;
+  health: LoopHealth;
+  /** A loop gave up after `maxConsecutiveFailures`: the worker stops. */
+  onFatal(error: Error): void;
+}
+
+/** The delivery engine without connections: fetch → bounded local queue → dispatch → completion, with the heartbeat. */
+export interface Engine {
+  /** Dispatch loops and the heartbeat; call before `startFetching`. */
+  startDispatching(): void;
+  startFetching(): void;
+  /** Look for rows now (a notification, a reconnect). */
+  wake(): void;
+  /** No new leases; hand back unstarted rows; wait (bounded) for handlers and outcomes. */
+  shutdown(timeoutMs: number, alongside?: Promise<unknown>): Promise<StopResult>;
+  /** Deliveries held right now (queued, running, completing). */
+  readonly held: number;
+}
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
+/** True if `promise` settles within `ms`. The timer is cleared either way, so it never holds the process open. */
+export async function within(promise: Promise<unknown>, ms: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<false>((resolve) => {
+    timer = setTimeout(() => resolve(false), ms);
+  });
+  try {
+    return await Promise.race([promise.then(() => true), timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+export function createEngine(deps: EngineDeps): Engine {
+  const { options, store, log, emitter, health } = deps;
+  // Twice what one fetch or the dispatch loops need, so the next fetch runs while acks are still in flight
+  // instead of waiting for them to free slots (a drain otherwise alternates fetch and ack round trips).
+  const capacity = 2 * Math.max(options.batchSize, options.concurrency);
+  // Deliveries, not rows: after its own lease ran out this worker can hold the same row twice (the old
+  // delivery still running, the new one leased again). Keyed by the object, a late outcome or cleanup of
+  // the old one can never remove the new one's entry (which would stop its heartbeat).
+  const held = new Set<HeldRow>();
+  const queue = new LocalQueue<HeldRow>(capacity);
+
+  /** A write or a renewal found another token on the row: the newer owner wins, this delivery is dropped. */
+  function forget(h: HeldRow, phase: LeasePhase): void {
+    if (!lose(h, new Error("lease lost: another worker took this message over"))) return;
+    held.delete(h);
+    queue.remove((x) => x === h);
+    completer.forget(h);
+    const { id, queue: q, deliveries_count: deliveries } = h.row;
+    log.warn({ id, queue: q, deliveries, phase }, "lease lost; the newer owner wins");
+    emitter.emit("lease_lost", { id, queue: q, deliveries, phase });
+  }
+
+  const completer = new Completer({
+    store,
+    batchSize: options.completionBatchSize,
+    windowMs: options.completionWindowMs,
+    backoffBaseMs: options.loopBackoffBaseMs,
+    backoffMaxMs: options.loopBackoffMaxMs,
+    maxConsecutiveFailures: options.maxConsecutiveFailures,
+    landed: (o: Outcome) => {
+      health.recovered("complete");
+      held.delete(o.held);
+      const { id, queue: q } = o.held.row;
+      if (o.kind === "ack") {
+        if (emitter.hasListeners("acked")) emitter.emit("acked", { id, queue: q, durationMs: o.durationMs });
+      } else if (o.kind === "retry") {
+        log.debug({ id, queue: q, delayMs: o.delayMs, error: o.error }, "retry scheduled");
+        health.retried(q, id, o.error);
+        emitter.emit("retried", {
+          id,
+          queue: q,
+          delayMs: o.delayMs,
+          error: o.error,
+          transient: o.transient,
+          timedOut: o.timedOut,
+        });
+      } else {
+        log.warn({ id, queue: q, reason: o.reason, error: o.error }, "message moved to dead letters");
+        emitter.emit("dead_lettered", { id, queue: q, reason: o.reason, error: o.error });
+      }
+    },
+    lost: (o: Outcome) => forget(o.held, o.kind),
+    flushed: () => fetcher.slotsFreed(),
+    onError: (error, n) => health.failed("complete", error, n),
+    onFatal: deps.onFatal,
+  });
+
+  const fetcher = new Fetcher<HeldRow>({
+    batchSize: options.batchSize,
+    minPollMs: options.minPollIntervalMs,
+    maxPollMs: options.maxPollIntervalMs,
+    backoffBaseMs: options.loopBackoffBaseMs,
+    backoffMaxMs: options.loopBackoffMaxMs,
+    maxConsecutiveFailures: options.maxConsecutiveFailures,
+    free: () => capacity - queue.size - completer.pending,
+    lease: async (limit) => {
+      const lease = await store.lease(limit);
+      health.recovered("fetch");
+      return heldRows(lease.token, lease.rows);
+    },
+    deliver: (batch) => {
+      if (queue.closed) {
+        // A lease that outlived the stop's wait for it (a slow round trip): give the rows straight back.
+        void release(batch);
+        return;
+      }
+      for (const h of batch) held.add(h);
+      queue.push(batch);
+      emitter.emit("fetched", { count: batch.length });
+    },
+    onError: (error, n) => health.failed("fetch", error, n),
+    onFatal: deps.onFatal,
+  });
+  queue.onTake = (sizeAfter) => {
+    // Refill at half capacity: fetching one row per freed slot would cost a round trip per message.
+    if (sizeAfter <= Math.floor(capacity / 2)) fetcher.slotsFreed();
+  };
+
+  const heartbeat = new Heartbeat({
+    intervalMs: options.heartbeatMs,
+    store,
+    collect: () => {
+      // While outcome writes fail, their rows are not renewed: a lease kept alive for an outcome that
+      // cannot be written would lock the row to this worker for as long as the writes keep failing.
+      const stalled = completer.failing;
+      const rows: HeldRow[] = [];
+      for (const h of held) {
+        if (h.writing || !isLive(h)) continue;
+        if (stalled && h.state === "completing") continue;
+        rows.push(h);
+      }
+      return rows;
+    },
+    lost: (h) => forget(h, "heartbeat"),
+    onError: (error, n) => health.failed("heartbeat", error, n),
+    onRecovered: () => health.recovered("heartbeat"),
+  });
+
+  const dispatcher = new Dispatcher({
+    queue,
+    concurrency: options.concurrency,
+    queues: options.queues,
+    maxDeliveries: options.maxDeliveries,
+    retry: options.retry,
+    maxErrorLength: options.maxErrorLength,
+    submit: (o) => completer.submit(o),
+    dispatched: (h) => {
+      // Guarded: an event object per message is measurable at tens of thousands a second.
+      if (emitter.hasListeners("dispatched")) {
+        emitter.emit("dispatched", { id: h.row.id, queue: h.row.queue, deliveries: h.row.deliveries_count });
+      }
+    },
+    strategyProblem: (h, problem) =>
+      log.warn({ id: h.row.id, queue: h.row.queue, problem }, "retry strategy returned an unusable delay"),
+    timedOut: (h, timeoutMs, stillRunning) => {
+      const { id, queue: q } = h.row;
+      log.warn(
+        { id, queue: q, timeoutMs, stillRunning },
+        "handler timed out: its signal is aborted, the attempt counts as a failure and the message is retried",
+      );
+      emitter.emit("handler_timeout", { id, queue: q, timeoutMs, stillRunning });
+    },
+  });
+
+  async function release(rows: HeldRow[]): Promise<number> {
+    if (rows.length === 0) return 0;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        const back = await store.release(rows);
+        for (const h of rows) {
+          settle(h);
+          held.delete(h);
+        }
+        emitter.emit("released", { count: back.count });
+        return back.count;
+      } catch (error) {
+        health.failed("release", error as Error, attempt);
+        // Unreleased rows are not lost: their leases expire and another worker takes them.
+        if (attempt >= 3) return 0;
+        await sleep(200 * attempt);
+      }
+    }
+  }
+
+  async function shutdown(timeoutMs: number, alongside?: Promise<unknown>): Promise<StopResult> {
+    const deadline = Date.now() + timeoutMs;
+    const left = () => Math.max(0, deadline - Date.now());
+    // Bookkeeping writes (handing back unstarted rows, the last outcomes) get at least this long.
+    const writeGrace = () => Math.max(1000, left());
+    // Every wait here is bounded: a statement stuck on a dead connection ends by its own query timeout, and
+    // stop() must not wait for that. What it was doing is then left to the leases' expiry.
+    await within(Promise.all([fetcher.stop(), alongside]), writeGrace());
+    const unstarted = queue.drain();
+    queue.close();
+    let released = 0;
+    await within(
+      release(unstarted).then((n) => {
+        released = n;
+      }),
+      writeGrace(),
+    );
+
+    let abandoned: string[] = [];
+    const finished = await within(dispatcher.done(), left());
+    if (!finished) {
+      const rows = dispatcher.abandon(new Error("worker stop timeout"));
+      for (const h of rows) held.delete(h);
+      abandoned = rows.map((h) => h.row.id);
+      log.warn({ abandoned }, "stop timeout: handlers aborted, their leases are left to expire");
+      emitter.emit("drain_timeout", { abandoned });
+    }
+    const flushed = await within(completer.idle(), writeGrace());
+    completer.stop();
+    await within(heartbeat.stop(), left());
+    const drained = finished && flushed && completer.pending === 0;
+    return { drained, released, abandoned };
+  }
+
+  return {
+    startDispatching() {
+      dispatcher.start();
+      heartbeat.start();
+    },
+    startFetching: () => fetcher.start(),
+    wake: () => fetcher.trigger(),
+    shutdown,
+    get held() {
+      return held.size;
+    },
+  };
+}

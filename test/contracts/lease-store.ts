@@ -1,0 +1,167 @@
+import { describe, expect, it } from "vitest";
+import type { Delivery, LeaseStore } from "../../src/lease/store.js";
+
+/** What the contract needs to see and steer in a store's backing table. */
+export interface LeaseStoreHarness {
+  /** A store for the queues `a` and `b`; a second call is a second worker on the same table. */
+  store(options?: { leaseTtlMs?: number; workerId?: string; maxErrorLength?: number }): LeaseStore;
+  /** `n` new rows in `queue`, due now unless delayed; ids in insertion (= age) order. */
+  insert(queue: string, n: number, options?: { delayMs?: number }): Promise<string[]>;
+  /** Every lease ends now (as if its holder stalled past its TTL). */
+  expireLeases(): Promise<void>;
+  /** Every scheduled row is due now. */
+  makeDue(): Promise<void>;
+  row(id: string): Promise<
+    | {
+        leased: boolean;
+        token: string | null;
+        deliveries: number;
+        attempts: number;
+        failures: number;
+        lastError: string | null;
+        due: boolean;
+        leaseLeftMs: number | null;
+      }
+    | undefined
+  >;
+  deadLetter(id: string): Promise<{ reason: string; error: string | null; attempts: number } | undefined>;
+}
+
+const deliveries = (token: string, ids: readonly string[]): Delivery[] => ids.map((id) => ({ id, token }));
+
+/**
+ * The lease store's contract: the Postgres store and the in-memory one must both pass it, so tests run
+ * on the memory store prove something about the real one.
+ */
+export function leaseStoreContract(name: string, harness: () => LeaseStoreHarness): void {
+  describe(`lease store contract: ${name}`, () => {
+    it("leases due rows of its queues oldest first, up to the limit, under one fresh token", async () => {
+      const h = harness();
+      const store = h.store();
+      const a = await h.insert("a", 3);
+      const b = await h.insert("b", 2);
+      await h.insert("other", 2);
+      await h.insert("a", 1, { delayMs: 60_000 });
+      const first = await store.lease(4);
+      expect(first.rows.map((r) => r.id)).toEqual([...a, b[0]]);
+      expect(first.rows.every((r) => r.deliveries_count === 1)).toBe(true);
+      const second = await store.lease(10);
+      expect(second.rows.map((r) => r.id)).toEqual([b[1]]);
+      expect(second.token).not.toBe(first.token);
+      expect((await h.row(a[0] ?? ""))?.token).toBe(first.token);
+      expect((await store.lease(10)).rows).toEqual([]);
+    });
+
+    it("takes over an expired lease under a new token; the old delivery's writes land nowhere", async () => {
+      const h = harness();
+      const [one, two] = [h.store({ workerId: "one" }), h.store({ workerId: "two" })];
+      const ids = await h.insert("a", 2);
+      const old = await one.lease(10);
+      await h.expireLeases();
+      const taken = await two.lease(10);
+      expect(taken.rows.map((r) => [r.id, r.deliveries_count])).toEqual(ids.map((id) => [id, 2]));
+
+      const stale = deliveries(old.token, ids);
+      for (const landed of [
+        await one.renew(stale),
+        await one.ack(stale.map((held) => ({ held }))),
+        await one.retry(stale.map((held) => ({ held, delayMs: 0, error: "x", failed: 1 as const }))),
+        await one.deadLetter(
+          stale.map((held) => ({
+            held,
+            reason: "rejected",
+            error: "x",
+            attempted: 1 as const,
+            failed: 1 as const,
+          })),
+        ),
+        await one.release(stale),
+      ]) {
+        expect(landed.count).toBe(0);
+        expect(stale.some((d) => landed.has(d))).toBe(false);
+      }
+      for (const id of ids) expect((await h.row(id))?.token).toBe(taken.token);
+
+      const current = deliveries(taken.token, ids);
+      const acked = await two.ack(current.map((held) => ({ held })));
+      expect(current.every((d) => acked.has(d))).toBe(true);
+      for (const id of ids) expect(await h.row(id)).toBeUndefined();
+    });
+
+    it("answers per delivery when one write names current and stale deliveries", async () => {
+      const h = harness();
+      const store = h.store();
+      const [x = "", y = ""] = await h.insert("a", 2);
+      const first = await store.lease(1);
+      await h.expireLeases();
+      const again = await store.lease(2);
+      // The same row twice: the old delivery of x, and the new deliveries of x and y.
+      const staleX = { id: x, token: first.token };
+      const newX = { id: x, token: again.token };
+      const newY = { id: y, token: again.token };
+      const landed = await store.ack([{ held: staleX }, { held: newY }]);
+      expect([landed.has(staleX), landed.has(newY), landed.count]).toEqual([false, true, 1]);
+      expect((await h.row(x))?.token).toBe(newX.token);
+    });
+
+    it("retry clears the lease, schedules the row, counts the attempt and keeps the error short", async () => {
+      const h = harness();
+      const store = h.store({ maxErrorLength: 5 });
+      const [id = ""] = await h.insert("a", 1);
+      const { token } = await store.lease(1);
+      const landed = await store.retry([
+        { held: { id, token }, delayMs: 60_000, error: "boom-boom", failed: 1 },
+      ]);
+      expect(landed.count).toBe(1);
+      expect(await h.row(id)).toMatchObject({
+        leased: false,
+        token: null,
+        attempts: 1,
+        failures: 1,
+        lastError: "boom-",
+        due: false,
+      });
+      expect((await store.lease(1)).rows).toEqual([]);
+      await h.makeDue();
+      const next = await store.lease(1);
+      expect(next.rows.map((r) => [r.id, r.deliveries_count, r.attempts_count])).toEqual([[id, 2, 1]]);
+      // A transient failure is an attempt, not a failure.
+      await store.retry([{ held: { id, token: next.token }, delayMs: 0, error: "down", failed: 0 }]);
+      expect(await h.row(id)).toMatchObject({ attempts: 2, failures: 1, due: true });
+    });
+
+    it("deadLetter moves the row with its reason and error, once", async () => {
+      const h = harness();
+      const store = h.store();
+      const [id = ""] = await h.insert("a", 1);
+      const { token } = await store.lease(1);
+      const write = {
+        held: { id, token },
+        reason: "rejected",
+        error: "no",
+        attempted: 1 as const,
+        failed: 1 as const,
+      };
+      expect((await store.deadLetter([write])).count).toBe(1);
+      expect(await h.row(id)).toBeUndefined();
+      expect(await h.deadLetter(id)).toEqual({ reason: "rejected", error: "no", attempts: 1 });
+      expect((await store.deadLetter([write])).count).toBe(0);
+    });
+
+    it("release hands rows back without counting the delivery; renew extends only current leases", async () => {
+      const h = harness();
+      const store = h.store({ leaseTtlMs: 60_000 });
+      const ids = await h.insert("a", 2);
+      const lease = await store.lease(2);
+      const [x, y] = deliveries(lease.token, ids) as [Delivery, Delivery];
+      expect((await store.release([x])).has(x)).toBe(true);
+      expect(await h.row(x.id)).toMatchObject({ leased: false, deliveries: 0, due: true });
+      // Released: the delivery is gone, so renewing it lands nothing; y's lease is renewed.
+      const renewed = await store.renew([x, y]);
+      expect([renewed.has(x), renewed.has(y)]).toEqual([false, true]);
+      const left = (await h.row(y.id))?.leaseLeftMs ?? 0;
+      expect(left).toBeGreaterThan(50_000);
+      expect(left).toBeLessThanOrEqual(60_000);
+    });
+  });
+}
