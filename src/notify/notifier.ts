@@ -5,8 +5,26 @@ import pgListen, { type PgParsedNotification, type Subscriber } from "pg-listen"
 /**
  * The worker's LISTEN connection: `listening` wakes it at once on new messages; while `reconnecting`, or in
  * `poll_only` (e.g. behind a transaction-mode PgBouncer), it finds them by polling.
+ *
+ *   from                                 event                                            to
+ *   connecting, reconnecting             LISTEN done and the self-test notification came  listening
+ *   connecting, reconnecting, listening  the self-test notification never came (a pooler) poll_only
+ *   poll_only                            a later self-test (after a probe) came through   listening
+ *   connecting, listening, poll_only     connection lost, probe failed, pg-listen gave up reconnecting
+ *   reconnecting                         another reconnect attempt                        reconnecting
+ *   any                                  stop()                                           stopped (final)
+ *
+ * Every change goes through `#setState`, which refuses any other transition.
  */
 export type ListenerState = "connecting" | "listening" | "reconnecting" | "poll_only" | "stopped";
+
+const TRANSITIONS: Readonly<Record<ListenerState, readonly ListenerState[]>> = {
+  connecting: ["listening", "poll_only", "reconnecting", "stopped"],
+  listening: ["poll_only", "reconnecting", "stopped"],
+  poll_only: ["listening", "reconnecting", "stopped"],
+  reconnecting: ["listening", "poll_only", "stopped"],
+  stopped: [],
+};
 
 export interface NotifierOptions {
   /** Its own dedicated connection, never one from the worker pool. */
@@ -379,7 +397,13 @@ class ListenNotifier implements Notifier {
   }
 
   #setState(state: ListenerState, detail?: string): void {
-    if (this.#state === state || this.#state === "stopped") return;
+    if (this.#state === state) return;
+    if (!TRANSITIONS[this.#state].includes(state)) {
+      // After stop() late events change nothing; anything else would be a bug in the table or the caller.
+      if (this.#state !== "stopped")
+        this.#report("state", new Error(`no transition ${this.#state} → ${state}`));
+      return;
+    }
     this.#state = state;
     this.#safely(() => this.#opts.onStateChange?.(state, detail));
   }
