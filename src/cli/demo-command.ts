@@ -2,10 +2,14 @@ import path from "node:path";
 import pg from "pg";
 import { z } from "zod";
 import { EmbeddedPostgresNotInstalledError, startEmbeddedPostgres } from "../embedded/embedded-postgres.js";
+import { peekMessages } from "../inspect/peek.js";
 import { migrate } from "../migrate/migrator.js";
 import { createPublisher } from "../produce/publisher.js";
 import { defineQueue } from "../produce/queue.js";
+import { runQuery } from "../sql/executor.js";
+import { backlogStatement } from "../sql/inspect.js";
 import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
+import { unprocessedSummaryStatement } from "../sql/peek.js";
 import { redactConnectionString } from "../util/redact.js";
 import { handle } from "../worker/options.js";
 import { createWorker } from "../worker/worker.js";
@@ -72,26 +76,38 @@ async function placeOrders(pool: pg.Pool, count: number, schema: string) {
 }
 
 async function showOutbox(pool: pg.Pool, schema: string) {
-  const names = outboxNames(schema);
-  const states = await pool.query(
-    `SELECT queue, state, count(*)::int AS rows, max(age) AS oldest FROM ${names.unprocessed} GROUP BY 1, 2 ORDER BY 1, 2`,
-  );
+  const states = await runQuery(pool, unprocessedSummaryStatement(outboxNames(schema)), {});
   console.log("\nWaiting in the outbox (SELECT ... FROM %s.unprocessed):", schema);
   console.table(
-    states.rows.map((r) => ({ queue: r.queue, state: r.state, rows: r.rows, oldest: formatAge(r.oldest) })),
+    states.map((r) => ({
+      queue: r.queue,
+      state: r.state,
+      rows: r.rows,
+      oldest: `${r.oldest_s.toFixed(1)} s`,
+    })),
   );
-  const latest = await pool.query(
-    `SELECT id, queue, key, state, payload FROM ${names.unprocessed} ORDER BY id DESC LIMIT 5`,
+  const next = await peekMessages(pool, schema, { limit: 5 });
+  console.log("Next in line (peekMessages, oldest first):");
+  console.table(
+    next.map((m) => ({
+      id: m.id,
+      queue: m.queue,
+      key: m.key,
+      state: m.state,
+      payload: JSON.stringify(m.payload),
+    })),
   );
-  console.log("Latest messages:");
-  console.table(latest.rows.map((r) => ({ ...r, payload: JSON.stringify(r.payload) })));
+}
+
+/** Rows in the outbox's messages table: every message not delivered yet. */
+async function backlog(pool: pg.Pool, schema: string): Promise<number> {
+  const [row] = await runQuery(pool, backlogStatement(outboxNames(schema)), {});
+  return row?.n ?? 0;
 }
 
 /** Run a worker until the outbox is empty, printing each delivery. */
 async function deliver(url: string, pool: pg.Pool, schema: string) {
-  const names = outboxNames(schema);
-  const waiting = async () =>
-    (await pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM ${names.messages}`)).rows[0]?.n ?? 0;
+  const waiting = () => backlog(pool, schema);
   const total = await waiting();
   console.log(`\nStarting a worker to deliver ${total} message(s) ...`);
   let delivered = 0;
@@ -132,7 +148,6 @@ async function live(
   rate: number,
   interrupted: AbortSignal,
 ) {
-  const names = outboxNames(schema);
   const outbox = createPublisher({ schema, notify: { connection: pool } });
   const committedAt = new Map<string, number>();
   const startedAt = new Map<string, number>();
@@ -169,12 +184,11 @@ async function live(
   let rolledBack = 0;
   let lastDelivered = 0;
   const tick = setInterval(async () => {
-    const backlog = (await pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM ${names.messages}`))
-      .rows[0]?.n;
+    const waiting = await backlog(pool, schema);
     const sorted = [...pickups].sort((a, b) => a - b);
     const elapsed = ((performance.now() - t0) / 1000).toFixed(0).padStart(3);
     console.log(
-      `  ${elapsed} s  placed ${String(placed).padStart(6)} (${rolledBack} rolled back)  delivered ${String(delivered).padStart(6)}  ${String(delivered - lastDelivered).padStart(5)} rows/s  backlog ${backlog}  pickup p50 ${percentile(sorted, 50).toFixed(1)} ms p99 ${percentile(sorted, 99).toFixed(1)} ms`,
+      `  ${elapsed} s  placed ${String(placed).padStart(6)} (${rolledBack} rolled back)  delivered ${String(delivered).padStart(6)}  ${String(delivered - lastDelivered).padStart(5)} rows/s  backlog ${waiting}  pickup p50 ${percentile(sorted, 50).toFixed(1)} ms p99 ${percentile(sorted, 99).toFixed(1)} ms`,
     );
     lastDelivered = delivered;
   }, 1000);
@@ -224,15 +238,6 @@ async function live(
   console.log(
     `Live: placed ${placed}, rolled back ${rolledBack}, delivered ${delivered}; pickup from commit to handler p50 ${percentile(sorted, 50).toFixed(1)} ms, p99 ${percentile(sorted, 99).toFixed(1)} ms.`,
   );
-}
-
-function formatAge(
-  age: { hours?: number; minutes?: number; seconds?: number; milliseconds?: number } | null,
-) {
-  if (!age) return "-";
-  const s =
-    (age.hours ?? 0) * 3600 + (age.minutes ?? 0) * 60 + (age.seconds ?? 0) + (age.milliseconds ?? 0) / 1000;
-  return `${s.toFixed(1)} s`;
 }
 
 export async function demoCommand(argv: string[]): Promise<number> {

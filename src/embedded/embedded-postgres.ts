@@ -8,6 +8,8 @@ import path from "node:path";
 import { promisify } from "node:util";
 import pg from "pg";
 import { OutboxError } from "../contract/errors.js";
+import { runQuery } from "../sql/executor.js";
+import { pingStatement } from "../sql/probes.js";
 
 export interface EmbeddedPostgresHandle {
   url: string;
@@ -412,7 +414,7 @@ async function waitForQuery(url: string, deadline: number): Promise<void> {
     client.on("error", () => undefined);
     try {
       await client.connect();
-      await client.query("SELECT 1");
+      await runQuery(client, pingStatement, {});
       return;
     } catch (err) {
       if (Date.now() >= until) throw err;

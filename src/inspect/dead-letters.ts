@@ -3,14 +3,14 @@ import {
   type DeadLetterRow as DeadLetter,
   getDeadLetterStatement,
   listDeadLettersStatement,
-  type PurgeCountRow,
   previewPurgeStatement,
   previewReplayStatement,
   purgeDeadLettersStatement,
   type ReplayCountRow,
+  type ReplayParams,
   replayDeadLettersStatement,
 } from "../sql/dead-letters.js";
-import { type Executor, run } from "../sql/executor.js";
+import { type Executor, runQuery } from "../sql/executor.js";
 import { outboxNames } from "../sql/names.js";
 import { checkLimit, checkOptionalText } from "./peek.js";
 
@@ -100,12 +100,11 @@ export async function listDeadLetters(
   schema: string,
   query: DeadLetterQuery = {},
 ): Promise<DeadLetter[]> {
-  const values = [
-    checkOptionalText(query.queue),
-    checkOptionalText(query.reason, "reason"),
-    checkLimit(query.limit),
-  ];
-  return run<DeadLetter>(db, listDeadLettersStatement(outboxNames(schema)), values);
+  return runQuery(db, listDeadLettersStatement(outboxNames(schema)), {
+    queue: checkOptionalText(query.queue),
+    reason: checkOptionalText(query.reason, "reason"),
+    limit: checkLimit(query.limit),
+  });
 }
 
 /** The dead letter with this id (its id in messages, kept), or undefined. Reads only. */
@@ -114,17 +113,17 @@ export async function getDeadLetter(
   schema: string,
   id: MessageId,
 ): Promise<DeadLetter | undefined> {
-  const rows = await run<DeadLetter>(db, getDeadLetterStatement(outboxNames(schema)), [checkMessageId(id)]);
+  const rows = await runQuery(db, getDeadLetterStatement(outboxNames(schema)), { id: checkMessageId(id) });
   return rows[0];
 }
 
-function replayValues(filter: ReplayFilter): unknown[] {
+function replayParams(filter: ReplayFilter): ReplayParams {
   if (filter.all === true) {
     const extra = filter as { ids?: unknown; queue?: unknown; reason?: unknown };
     if (extra.ids !== undefined || extra.queue !== undefined || extra.reason !== undefined) {
       throw new OutboxConfigError("all", "cannot be combined with ids, queue or reason");
     }
-    return [null, null, null];
+    return { ids: null, queue: null, reason: null };
   }
   if (filter.ids === undefined && filter.queue === undefined && filter.reason === undefined) {
     throw new OutboxConfigError(
@@ -132,8 +131,11 @@ function replayValues(filter: ReplayFilter): unknown[] {
       "give ids, a queue or a reason; replaying every dead letter needs { all: true }",
     );
   }
-  const ids = filter.ids?.map((id) => checkMessageId(id, "ids")) ?? null;
-  return [ids, checkOptionalText(filter.queue), checkOptionalText(filter.reason, "reason")];
+  return {
+    ids: filter.ids?.map((id) => checkMessageId(id, "ids")) ?? null,
+    queue: checkOptionalText(filter.queue),
+    reason: checkOptionalText(filter.reason, "reason"),
+  };
 }
 
 function replayResult(rows: ReplayCountRow[], dryRun: boolean): ReplayResult {
@@ -163,11 +165,10 @@ export async function replayDeadLetters(
   options: { dryRun?: boolean } = {},
 ): Promise<ReplayResult> {
   const names = outboxNames(schema);
-  const values = replayValues(filter);
+  const params = replayParams(filter);
   const dryRun = options.dryRun === true;
-  const rows = dryRun
-    ? await run<ReplayCountRow>(db, previewReplayStatement(names), values)
-    : await run<ReplayCountRow>(db, replayDeadLettersStatement(names), [...values, names.channel]);
+  const statement = dryRun ? previewReplayStatement(names) : replayDeadLettersStatement(names);
+  const rows = await runQuery(db, statement, params);
   return replayResult(rows, dryRun);
 }
 
@@ -185,11 +186,9 @@ export async function purgeDeadLetters(
     );
   }
   const dryRun = options.dryRun === true;
-  const values = [options.olderThanMs, checkOptionalText(options.queue)];
-  const rows = await run<PurgeCountRow>(
-    db,
-    dryRun ? previewPurgeStatement(names) : purgeDeadLettersStatement(names),
-    values,
-  );
+  const rows = await runQuery(db, dryRun ? previewPurgeStatement(names) : purgeDeadLettersStatement(names), {
+    olderThanMs: options.olderThanMs,
+    queue: checkOptionalText(options.queue),
+  });
   return { dryRun, purged: rows.reduce((n, r) => n + r.purged, 0), queues: rows };
 }

@@ -1,5 +1,5 @@
 import { OutboxConfigError } from "../contract/errors.js";
-import { type Executor, run } from "../sql/executor.js";
+import { type Executor, runQuery } from "../sql/executor.js";
 import { outboxNames } from "../sql/names.js";
 import {
   MESSAGE_STATES,
@@ -64,7 +64,9 @@ export async function peekMessages(
   schema: string,
   options: PeekOptions = {},
 ): Promise<PeekedMessage[]> {
-  const names = outboxNames(schema);
-  const values = [checkOptionalText(options.queue), checkState(options.state), checkLimit(options.limit)];
-  return run<PeekedMessage>(db, peekStatement(names), values);
+  return runQuery(db, peekStatement(outboxNames(schema)), {
+    queue: checkOptionalText(options.queue),
+    state: checkState(options.state),
+    limit: checkLimit(options.limit),
+  });
 }

@@ -1,9 +1,9 @@
-import { type Executor, run } from "../sql/executor.js";
+import { type Executor, runQuery } from "../sql/executor.js";
 import {
   type QueueStatusRow as QueueStatus,
-  queueStatusSql,
+  queueStatusStatement,
   type WorkerLeasesRow as WorkerLeases,
-  workerLeasesSql,
+  workerLeasesStatement,
 } from "../sql/inspect.js";
 import { outboxNames } from "../sql/names.js";
 
@@ -18,8 +18,7 @@ export type { QueueStatusRow as QueueStatus, WorkerLeasesRow as WorkerLeases } f
  * @param schema - the outbox schema, usually `"outbox"` ({@link DEFAULT_SCHEMA})
  */
 export async function queueStatus(db: Executor, schema: string): Promise<QueueStatus[]> {
-  const sql = queueStatusSql(outboxNames(schema));
-  return run<QueueStatus>(db, { name: "", text: sql }, []);
+  return runQuery(db, queueStatusStatement(outboxNames(schema)), {});
 }
 
 /**
@@ -27,5 +26,5 @@ export async function queueStatus(db: Executor, schema: string): Promise<QueueSt
  * leases point at a stalled or dead worker.
  */
 export async function workerLeases(db: Executor, schema: string): Promise<WorkerLeases[]> {
-  return run<WorkerLeases>(db, { name: "", text: workerLeasesSql(outboxNames(schema)) }, []);
+  return runQuery(db, workerLeasesStatement(outboxNames(schema)), {});
 }

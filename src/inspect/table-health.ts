@@ -1,5 +1,5 @@
-import { type Executor, run } from "../sql/executor.js";
-import { type TableHealthRow as TableHealth, tableHealthSql } from "../sql/inspect.js";
+import { type Executor, runQuery } from "../sql/executor.js";
+import { type TableHealthRow as TableHealth, tableHealthStatement } from "../sql/inspect.js";
 import { outboxNames } from "../sql/names.js";
 
 export type { TableHealthRow as TableHealth } from "../sql/inspect.js";
@@ -10,7 +10,7 @@ export type { TableHealthRow as TableHealth } from "../sql/inspect.js";
  * schema is not migrated.
  */
 export async function tableHealth(db: Executor, schema: string): Promise<TableHealth | undefined> {
-  const [row] = await run<TableHealth>(db, { name: "", text: tableHealthSql(outboxNames(schema)) }, []);
+  const [row] = await runQuery(db, tableHealthStatement(outboxNames(schema)), {});
   return row;
 }
 

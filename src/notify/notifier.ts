@@ -1,6 +1,8 @@
 import { randomUUID } from "node:crypto";
 import pg from "pg";
 import pgListen, { type PgParsedNotification, type Subscriber } from "pg-listen";
+import { runQuery } from "../sql/executor.js";
+import { notifyStatement } from "../sql/probes.js";
 
 /**
  * The worker's LISTEN connection: `listening` wakes it at once on new messages; while `reconnecting`, or in
@@ -331,7 +333,10 @@ class ListenNotifier implements Notifier {
     try {
       await client.connect();
       await withTimeout(
-        client.query("SELECT pg_notify($1, $2)", [this.#opts.selfTestChannel ?? this.#opts.channel, token]),
+        runQuery(client, notifyStatement, {
+          channel: this.#opts.selfTestChannel ?? this.#opts.channel,
+          payload: token,
+        }),
         this.#probeTimeoutMs,
         "self-test NOTIFY",
       );

@@ -3,6 +3,8 @@ import { migrationState } from "../migrate/migrator.js";
 import type { ListenerState } from "../notify/notifier.js";
 import type { RelayHealth } from "../relay/health.js";
 import type { Relay } from "../relay/relay.js";
+import { runQuery } from "../sql/executor.js";
+import { pingStatement } from "../sql/probes.js";
 import { registerSecrets, registerUrlSecrets, scrubSecrets } from "../util/redact.js";
 import type { Worker } from "../worker/worker.js";
 
@@ -71,7 +73,7 @@ export function createReadiness(opts: ReadinessOptions): Readiness {
 
   async function database(): Promise<ReadinessReport["checks"]["database"]> {
     try {
-      await within(opts.pool.query("SELECT 1"), "database check");
+      await within(runQuery(opts.pool, pingStatement, {}), "database check");
       return { ok: true };
     } catch (error) {
       return { ok: false, error: describe(error) };

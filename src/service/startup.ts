@@ -9,7 +9,9 @@ import type { Logger } from "pino";
 import { MigrationError } from "../contract/errors.js";
 import { describeTableHealth, tableHealth } from "../inspect/table-health.js";
 import { migrationState } from "../migrate/migrator.js";
+import { runQuery } from "../sql/executor.js";
 import { outboxNames } from "../sql/names.js";
+import { missingPrivilegesStatement, pingStatement } from "../sql/probes.js";
 import { scrubSecrets } from "../util/redact.js";
 
 /** The service cannot start; the message is one line for the operator (no stack trace is useful). */
@@ -75,7 +77,7 @@ export async function waitForDatabase(options: StartupCheckOptions): Promise<voi
   let lastProgress = 0;
   for (let attempt = 1; ; attempt++) {
     try {
-      await pool.query("SELECT 1");
+      await runQuery(pool, pingStatement, {});
       if (attempt > 1) log.info({ waitedMs: Date.now() - started }, "the database is up");
       return;
     } catch (error) {
@@ -128,14 +130,7 @@ export async function checkSchema(options: Pick<StartupCheckOptions, "pool" | "s
       `schema "${schema}" is older than this version (migrations ${state.pending.join(", ")} pending): ${fix}`,
     );
   }
-  const names = outboxNames(schema);
-  // has_table_privilege with a list answers "any of them": one row per privilege.
-  const { rows } = await pool.query<{ missing: string[] }>(
-    `SELECT COALESCE(array_agg(p.priv || ' on ' || p.tbl) FILTER (WHERE NOT has_table_privilege(p.tbl, p.priv)), '{}') AS missing
-     FROM (VALUES ($1::text, 'SELECT'), ($1, 'UPDATE'), ($1, 'DELETE'),
-                  ($2::text, 'SELECT'), ($2, 'INSERT'), ($2, 'UPDATE')) AS p(tbl, priv)`,
-    [names.messages, names.deadLetters],
-  );
+  const rows = await runQuery(pool, missingPrivilegesStatement(outboxNames(schema)), {});
   const missing = rows[0]?.missing ?? [];
   if (missing.length > 0) {
     throw new StartupError(`permission denied: the worker's user needs ${missing.join(" and ")}`);

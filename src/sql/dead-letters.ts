@@ -1,4 +1,4 @@
-import { type Statement, statement } from "./executor.js";
+import { defineQuery, type Query } from "./executor.js";
 import type { OutboxNames } from "./names.js";
 import type { MessageColumns } from "./rows.js";
 
@@ -20,23 +20,35 @@ const DEAD_LETTER_COLUMNS = `id, queue, payload, headers, key, created_at, avail
        attempts_count, failures_count, first_attempt_at, last_attempt_at, dead_at, reason, error,
        extract(epoch FROM now() - dead_at)::float8 AS dead_age_s`;
 
-/** $1 queue or null, $2 reason or null, $3 limit → rows, most recently dead first. */
-export function listDeadLettersStatement(names: OutboxNames): Statement {
-  return statement(
+// Run rarely, on executors the caller hands in (maybe behind a pooler): unnamed, not prepared.
+
+export interface ListDeadLettersParams {
+  /** Only this queue; null for every queue. */
+  queue: string | null;
+  /** Only this reason; null for every reason. */
+  reason: string | null;
+  limit: number;
+}
+
+/** Dead letters, most recently dead first. */
+export function listDeadLettersStatement(names: OutboxNames): Query<ListDeadLettersParams, DeadLetterRow> {
+  return defineQuery(
     "dead_list",
     `SELECT ${DEAD_LETTER_COLUMNS}
 FROM ${names.deadLetters}
 WHERE ($1::text IS NULL OR queue = $1::text) AND ($2::text IS NULL OR reason = $2::text)
 ORDER BY dead_at DESC, id DESC
 LIMIT $3::int`,
+    (p) => [p.queue, p.reason, p.limit],
   );
 }
 
-/** $1 id → the row, or none. */
-export function getDeadLetterStatement(names: OutboxNames): Statement {
-  return statement(
+/** The dead letter with this id (a decimal string), or no row. */
+export function getDeadLetterStatement(names: OutboxNames): Query<{ id: string }, DeadLetterRow> {
+  return defineQuery(
     "dead_get",
     `SELECT ${DEAD_LETTER_COLUMNS} FROM ${names.deadLetters} WHERE id = $1::bigint`,
+    (p) => [p.id],
   );
 }
 
@@ -48,13 +60,24 @@ export interface ReplayCountRow {
   skipped_ids: string[];
 }
 
-/** $1 ids or null, $2 queue or null, $3 reason or null: every given filter must match. */
+/** Which dead letters replay takes: every non-null field must match (all null: every dead letter). */
+export interface ReplayParams {
+  /** Decimal ids. */
+  ids: string[] | null;
+  queue: string | null;
+  reason: string | null;
+}
+
+/** $1 ids, $2 queue, $3 reason (ReplayParams, in that order): every given filter must match. */
+const replayValues = (p: ReplayParams): unknown[] => [p.ids, p.queue, p.reason];
+
 const REPLAY_FILTER = `($1::bigint[] IS NULL OR d.id = ANY($1::bigint[]))
   AND ($2::text IS NULL OR d.queue = $2::text)
   AND ($3::text IS NULL OR d.reason = $3::text)`;
 
 /**
- * $1 ids, $2 queue, $3 reason (see REPLAY_FILTER), $4 wake channel → ReplayCountRow per queue.
+ * The dead letters the filter picks, moved back into messages → ReplayCountRow per queue. $4 is the wake
+ * channel of `names`.
  *
  * One statement, so it is one transaction on any executor, a pool included. A dead letter is deleted only
  * when its row was inserted: an id already in messages is skipped (ON CONFLICT) and stays a dead letter.
@@ -63,8 +86,8 @@ const REPLAY_FILTER = `($1::bigint[] IS NULL OR d.id = ANY($1::bigint[]))
  * over, and last_error keeps the reason it died so the next delivery is not a mystery. One wake-up per
  * queue that got rows, delivered at commit.
  */
-export function replayDeadLettersStatement(names: OutboxNames): Statement {
-  return statement(
+export function replayDeadLettersStatement(names: OutboxNames): Query<ReplayParams, ReplayCountRow> {
+  return defineQuery(
     "dead_replay",
     `WITH picked AS (
   SELECT d.* FROM ${names.deadLetters} AS d
@@ -91,12 +114,13 @@ SELECT o.queue, o.replayed, o.skipped, o.skipped_ids
 FROM outcome AS o
 CROSS JOIN LATERAL (SELECT CASE WHEN o.replayed > 0 THEN pg_notify($4::text, o.queue) END) AS wake
 ORDER BY o.queue`,
+    (p) => [...replayValues(p), names.channel],
   );
 }
 
-/** $1 ids, $2 queue, $3 reason → ReplayCountRow per queue, as replay would report it; changes nothing. */
-export function previewReplayStatement(names: OutboxNames): Statement {
-  return statement(
+/** ReplayCountRow per queue, as replay would report it; changes nothing. */
+export function previewReplayStatement(names: OutboxNames): Query<ReplayParams, ReplayCountRow> {
+  return defineQuery(
     "dead_replay_preview",
     `SELECT d.queue, count(*) FILTER (WHERE m.id IS NULL)::int AS replayed, count(m.id)::int AS skipped,
        COALESCE(array_agg(d.id::text ORDER BY d.id) FILTER (WHERE m.id IS NOT NULL), '{}') AS skipped_ids
@@ -104,6 +128,7 @@ FROM ${names.deadLetters} AS d LEFT JOIN ${names.messages} AS m ON m.id = d.id
 WHERE ${REPLAY_FILTER}
 GROUP BY d.queue
 ORDER BY d.queue`,
+    replayValues,
   );
 }
 
@@ -112,27 +137,39 @@ export interface PurgeCountRow {
   purged: number;
 }
 
+export interface PurgeParams {
+  /** Dead letters that died more than this long ago (server clock). */
+  olderThanMs: number;
+  /** Only this queue; null for every queue. */
+  queue: string | null;
+}
+
+/** $1 olderThanMs, $2 queue (PurgeParams, in that order). */
+const purgeValues = (p: PurgeParams): unknown[] => [p.olderThanMs, p.queue];
+
 const PURGE_FILTER = `dead_at < now() - $1::double precision * interval '1 millisecond'
   AND ($2::text IS NULL OR queue = $2::text)`;
 
-/** $1 age in ms, $2 queue or null → PurgeCountRow per queue of the rows deleted. */
-export function purgeDeadLettersStatement(names: OutboxNames): Statement {
-  return statement(
+/** PurgeCountRow per queue of the rows deleted. */
+export function purgeDeadLettersStatement(names: OutboxNames): Query<PurgeParams, PurgeCountRow> {
+  return defineQuery(
     "dead_purge",
     `WITH gone AS (
   DELETE FROM ${names.deadLetters} WHERE ${PURGE_FILTER}
   RETURNING queue
 )
 SELECT queue, count(*)::int AS purged FROM gone GROUP BY queue ORDER BY queue`,
+    purgeValues,
   );
 }
 
-/** $1 age in ms, $2 queue or null → PurgeCountRow per queue of the rows purge would delete. */
-export function previewPurgeStatement(names: OutboxNames): Statement {
-  return statement(
+/** PurgeCountRow per queue of the rows purge would delete. */
+export function previewPurgeStatement(names: OutboxNames): Query<PurgeParams, PurgeCountRow> {
+  return defineQuery(
     "dead_purge_preview",
     `SELECT queue, count(*)::int AS purged FROM ${names.deadLetters}
 WHERE ${PURGE_FILTER}
 GROUP BY queue ORDER BY queue`,
+    purgeValues,
   );
 }

@@ -90,6 +90,9 @@ export interface Query<Params, Row> {
   readonly row?: Row;
 }
 
+/** The parameters of a statement that takes none: run it with `{}`. */
+export type NoParams = Record<string, never>;
+
 export function defineQuery<Params, Row>(
   label: string,
   text: string,

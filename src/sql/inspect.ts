@@ -1,4 +1,7 @@
+import { defineQuery, type NoParams, type Query } from "./executor.js";
 import { type OutboxNames, quoteLiteral } from "./names.js";
+
+// Run rarely, on executors the caller hands in (maybe behind a pooler): unnamed, not prepared.
 
 /** One queue's numbers, as `status` prints them and the metrics gauges export them. */
 /** One queue's counts by state. */
@@ -23,8 +26,10 @@ export interface QueueStatusRow {
  * it never slows the worker beyond the read itself. It scans the backlog, so it is run every few seconds,
  * not per message.
  */
-export function queueStatusSql(names: OutboxNames): string {
-  return `WITH m AS (
+export function queueStatusStatement(names: OutboxNames): Query<NoParams, QueueStatusRow> {
+  return defineQuery(
+    "queue_status",
+    `WITH m AS (
   SELECT queue,
          count(*) FILTER (WHERE acquired_token IS NULL AND available_at <= now())::int AS ready,
          count(*) FILTER (WHERE acquired_token IS NULL AND available_at > now())::int AS scheduled,
@@ -42,7 +47,9 @@ SELECT COALESCE(m.queue, d.queue) AS queue,
        COALESCE(m.leased, 0) AS leased, COALESCE(m.expired, 0) AS expired,
        COALESCE(d.dead, 0) AS dead, m.oldest_ready_age_s
 FROM m FULL JOIN d ON d.queue = m.queue
-ORDER BY 1`;
+ORDER BY 1`,
+    () => [],
+  );
 }
 
 /** The messages table's health: what vacuum has left to do, and whether it will. */
@@ -64,14 +71,18 @@ export interface TableHealthRow {
  * One row from the cumulative statistics (a few hundred ms behind) and the catalog: reads nothing of the
  * table itself, so it is cheap at any size.
  */
-export function tableHealthSql(names: OutboxNames): string {
+export function tableHealthStatement(names: OutboxNames): Query<NoParams, TableHealthRow> {
   const table = quoteLiteral(names.messages);
-  return `SELECT COALESCE(s.n_dead_tup, 0)::float8 AS dead_tuples, COALESCE(s.n_live_tup, 0)::float8 AS live_tuples,
+  return defineQuery(
+    "table_health",
+    `SELECT COALESCE(s.n_dead_tup, 0)::float8 AS dead_tuples, COALESCE(s.n_live_tup, 0)::float8 AS live_tuples,
        pg_total_relation_size(c.oid)::float8 AS total_bytes, s.last_autovacuum, s.last_vacuum,
        current_setting('autovacuum') = 'on'
          AND NOT COALESCE('autovacuum_enabled=false' = ANY (c.reloptions), false) AS autovacuum_enabled
 FROM pg_class AS c LEFT JOIN pg_stat_all_tables AS s ON s.relid = c.oid
-WHERE c.oid = to_regclass(${table})`;
+WHERE c.oid = to_regclass(${table})`,
+    () => [],
+  );
 }
 
 /** One worker's leases, as `status` prints them. */
@@ -88,12 +99,26 @@ export interface WorkerLeasesRow {
 }
 
 /** Per worker: rows leased, expired leases, oldest lease. Reads the leased rows only (messages_leased_idx). */
-export function workerLeasesSql(names: OutboxNames): string {
-  return `SELECT COALESCE(acquired_by, '?') AS worker, count(*)::int AS held,
+export function workerLeasesStatement(names: OutboxNames): Query<NoParams, WorkerLeasesRow> {
+  return defineQuery(
+    "worker_leases",
+    `SELECT COALESCE(acquired_by, '?') AS worker, count(*)::int AS held,
        count(*) FILTER (WHERE lease_expires_at <= now())::int AS expired,
        extract(epoch FROM now() - min(acquired_at))::float8 AS oldest_lease_age_s
 FROM ${names.messages}
 WHERE acquired_token IS NOT NULL
 GROUP BY 1
-ORDER BY 1`;
+ORDER BY 1`,
+    () => [],
+  );
+}
+
+export interface BacklogRow {
+  /** Rows in messages: every message not delivered yet, in any state. */
+  n: number;
+}
+
+/** The number of rows in messages (a full count: for small tables and the demo, not for dashboards). */
+export function backlogStatement(names: OutboxNames): Query<NoParams, BacklogRow> {
+  return defineQuery("backlog", `SELECT count(*)::int AS n FROM ${names.messages}`, () => []);
 }
