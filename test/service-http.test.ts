@@ -276,7 +276,8 @@ describe("metrics", () => {
 describe("readiness", () => {
   it("/readyz is 503 before the worker starts, 200 when migrated and listening, 503 once it stops", async () => {
     const hold = gate();
-    const worker = makeWorker({ concurrency: 1, queues: { hold: () => hold.opened } });
+    // A quick "warm" handler first: once a handler has finished fast, the worker queues rows locally.
+    const worker = makeWorker({ concurrency: 1, queues: { hold: () => hold.opened, warm: () => {} } });
     const svc = await service({ workers: [worker] });
 
     const early = await readyz(svc.base);
@@ -300,8 +301,9 @@ describe("readiness", () => {
     // One row runs (and blocks), two wait in the local queue: stop hands those two back.
     let dispatched = 0;
     worker.on("dispatched", () => dispatched++);
+    await publish("warm", 1);
     await publish("hold", 3);
-    await until(() => dispatched === 1 && worker.held === 3, "one running, two queued");
+    await until(() => dispatched === 2 && worker.held === 3, "one running, two queued");
     const released = nextEvent(worker, "released");
     const stopping = worker.stop({ timeoutMs: 5000 });
     await released;

@@ -70,6 +70,8 @@ const fetchOnce = { listen: false, minPollIntervalMs: 60_000, maxPollIntervalMs:
 
 describe("heartbeat", () => {
   it("rows waiting in the local queue keep their lease past the TTL: a competing worker never gets them", async () => {
+    // A quick "warm" row first: once a handler has finished fast, the worker queues rows locally.
+    await publish("warm", 1);
     const ids = await publish("buffered", 8);
     const handled = ledger();
     const first = gate();
@@ -82,6 +84,7 @@ describe("heartbeat", () => {
       leaseTtlMs: 1000,
       heartbeatMs: 200,
       queues: {
+        warm: () => {},
         buffered: async (_p, m) => {
           handled.add(m.id, "a");
           await first.opened;
@@ -170,6 +173,7 @@ describe("a holder whose lease was taken over writes nothing", () => {
   });
 
   it("stop hands back only rows it still owns: a waiting row taken over meanwhile keeps its new owner", async () => {
+    await publish("warm", 1);
     const ids = await publish("handback", 5);
     const handled = ledger();
     const running = gate();
@@ -180,6 +184,7 @@ describe("a holder whose lease was taken over writes nothing", () => {
       leaseTtlMs: 60_000,
       heartbeatMs: 30_000,
       queues: {
+        warm: () => {},
         handback: async (_p, m) => {
           handled.add(m.id, "a");
           await running.opened;

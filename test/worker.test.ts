@@ -457,6 +457,8 @@ describe("lease fencing", () => {
 
 describe("graceful stop", () => {
   it("releases rows fetched but not started, so another worker takes them at once", async () => {
+    // A quick "warm" row first: once a handler has finished fast, the worker queues rows locally.
+    await publishRows("warm", 1);
     await publishRows("stopq", 20);
     let release!: () => void;
     const gate = new Promise<void>((r) => {
@@ -467,6 +469,7 @@ describe("graceful stop", () => {
       concurrency: 1,
       batchSize: 20,
       queues: {
+        warm: () => {},
         stopq: async (_p, m) => {
           handled.push(m.id);
           await gate;

@@ -91,6 +91,8 @@ export class Dispatcher {
   #overdue = 0;
   #sweeper: NodeJS.Timeout | undefined;
   readonly #sweepMs: number;
+  /** Moving average of handler run time (ms); undefined until one finished. */
+  #handlerMs: number | undefined;
 
   constructor(private readonly deps: DispatcherDeps) {
     // One timer for all handlers instead of one per message: a timeout fires within a quarter of itself
@@ -104,6 +106,16 @@ export class Dispatcher {
     this.#sweeper = setInterval(() => this.#sweep(), this.#sweepMs);
     // The fetch loop keeps a running worker's process alive; this timer alone must not.
     this.#sweeper.unref();
+  }
+
+  /** Handlers running now. */
+  get running(): number {
+    return this.#running.size;
+  }
+
+  /** Moving average of handler run time (ms), undefined until a handler finished. */
+  get handlerMs(): number | undefined {
+    return this.#handlerMs;
   }
 
   /** Resolves when every loop has ended (the queue is closed and empty, and handlers returned). */
@@ -219,6 +231,8 @@ export class Dispatcher {
       return this.#failure(held, queue, error);
     } finally {
       this.#running.delete(held);
+      const ms = performance.now() - held.startedAt;
+      this.#handlerMs = this.#handlerMs === undefined ? ms : this.#handlerMs * 0.8 + ms * 0.2;
     }
   }
 

@@ -4,13 +4,19 @@
  *
  *   state      trigger()                                 fetch ends
  *   idle       run now (debounced to one run per tick)   -
- *   fetching   remember it: fetch again right after       full batch → fetch again while slots are free;
- *                                                         some rows → poll again at the min interval;
- *                                                         none → poll interval doubles (jittered) to max;
+ *   fetching   remember it: fetch again right after       full batch → batch doubles (up to batchSize),
+ *                                                         fetch again while slots are free;
+ *                                                         some rows → batch back to minBatch, poll again
+ *                                                         at the min interval;
+ *                                                         none → poll interval doubles (jittered) up to the
+ *                                                         max while wake-ups work, stays at the min while
+ *                                                         they do not (poll-only);
  *                                                         error → back off, fatal after N in a row
  *   stopped    ignored                                   -
  *
  * No fetch asks for more rows than the local queue has free slots, so memory never grows with the backlog.
+ * The batch starts small, so a trickle of messages is spread over workers and leased with a small LIMIT,
+ * and grows while fetches come back full, so a backlog drains at the tuned size.
  */
 import { backoffDelay } from "../retry/strategies.js";
 
@@ -20,7 +26,10 @@ export interface FetcherDeps<Row> {
   /** Free local slots right now. */
   free(): number;
   deliver(rows: Row[]): void;
+  /** The most rows one fetch leases. */
   batchSize: number;
+  /** The first fetch after a short one asks for this many (default: batchSize). */
+  minBatch?: number;
   minPollMs: number;
   maxPollMs: number;
   backoffBaseMs: number;
@@ -44,10 +53,35 @@ export class Fetcher<Row> {
   #backlog = false;
   #running: Promise<void> = Promise.resolve();
   readonly #random: () => number;
+  readonly #minBatch: number;
+  #batch: number;
+  /** Wake-ups arrive (LISTEN works): empty polls may back off to maxPollMs. Off: polling is all there is. */
+  #wakeUps = false;
 
   constructor(private readonly deps: FetcherDeps<Row>) {
     this.#pollMs = deps.minPollMs;
     this.#random = deps.random ?? Math.random;
+    this.#minBatch = Math.max(1, Math.min(deps.minBatch ?? deps.batchSize, deps.batchSize));
+    this.#batch = this.#minBatch;
+  }
+
+  /** The batch the next fetch asks for (before the free-slot bound). */
+  get batch(): number {
+    return this.#batch;
+  }
+
+  /**
+   * Whether notifications wake the worker. Without them (poll-only behind a transaction pooler, listener
+   * down or off) an empty poll must not back off towards maxPollMs: that would be the pickup latency of
+   * the first message after a quiet spell.
+   */
+  setWakeUps(on: boolean): void {
+    if (this.#wakeUps === on) return;
+    this.#wakeUps = on;
+    if (!on && this.#pollMs > this.deps.minPollMs) {
+      this.#pollMs = this.deps.minPollMs;
+      if (this.#state === "idle") this.#schedule(this.#pollMs);
+    }
   }
 
   get backlog(): boolean {
@@ -93,7 +127,7 @@ export class Fetcher<Row> {
     try {
       for (;;) {
         this.#again = false;
-        const limit = Math.min(this.deps.batchSize, this.deps.free());
+        const limit = Math.min(this.#batch, this.deps.free());
         if (limit <= 0) {
           // Queue full: the next freed slot triggers us; the poll timer is only a safety net.
           this.#backlog = true;
@@ -111,9 +145,13 @@ export class Fetcher<Row> {
         if (rows.length > 0) this.deps.deliver(rows);
         if (this.#stoppedNow()) return;
         this.#backlog = rows.length === limit;
+        // Full: more are waiting, so ask for more next time; short: the backlog is gone, start small again.
+        if (this.#backlog && limit === this.#batch)
+          this.#batch = Math.min(this.deps.batchSize, this.#batch * 2);
+        else if (!this.#backlog) this.#batch = this.#minBatch;
         if (rows.length > 0) {
           this.#pollMs = this.deps.minPollMs;
-        } else if (!this.#again) {
+        } else if (!this.#again && this.#wakeUps) {
           this.#pollMs = Math.min(this.deps.maxPollMs, this.#pollMs * 2);
         }
         if (this.#backlog || this.#again) continue;
@@ -147,8 +185,10 @@ export class Fetcher<Row> {
   }
 
   #schedule(ms: number): void {
-    // ±20 % jitter so that workers started together do not poll in lockstep.
-    const jittered = Math.max(1, Math.round(ms * (0.8 + 0.4 * this.#random())));
+    clearTimeout(this.#timer);
+    // Up to 20 % early, never late, so that workers started together do not poll in lockstep and the
+    // interval stays a bound on how long a row waits for the next poll.
+    const jittered = Math.max(1, Math.round(ms * (0.8 + 0.2 * this.#random())));
     // Not unref'd: a running worker keeps its process alive even when it has nothing else open.
     this.#timer = setTimeout(() => this.trigger(), jittered);
   }

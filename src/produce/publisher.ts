@@ -37,7 +37,8 @@ const publisherOptionsSchema = z.strictObject({
     .union([
       z.boolean(),
       z.strictObject({
-        cooldownMs: z.number().min(0).max(60_000).default(2),
+        /** A fixed window; unset: the window adapts between 2 and 8 ms with how dense publishes are. */
+        cooldownMs: z.number().min(0).max(60_000).optional(),
         connection: z
           .custom<Executor>(isExecutor, "must be a pg Pool/Client or a Kysely instance")
           .optional(),
@@ -45,6 +46,9 @@ const publisherOptionsSchema = z.strictObject({
     ])
     .default(true),
 });
+
+const DEFAULT_COOLDOWN_MS = 2;
+const MAX_ADAPTIVE_COOLDOWN_MS = 8;
 
 /**
  * Options of {@link createPublisher}, all optional: `schema` (default `"outbox"`), `maxPayloadBytes`
@@ -107,11 +111,14 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
   const names = outboxNames(config.schema);
   const sql = produceStatements(names);
   const statementOptions = { prepared: config.preparedStatements };
-  const notify = config.notify === true ? { cooldownMs: 2, connection: undefined } : config.notify;
+  const notify = config.notify === true ? { cooldownMs: undefined, connection: undefined } : config.notify;
   const trailingConnection = notify ? notify.connection : undefined;
   const throttle = notify
     ? new NotifyThrottle({
-        cooldownMs: notify.cooldownMs,
+        // Sparse publishes notify at once; a window that covered several doubles, up to 8 ms.
+        ...(notify.cooldownMs === undefined
+          ? { cooldownMs: DEFAULT_COOLDOWN_MS, maxCooldownMs: MAX_ADAPTIVE_COOLDOWN_MS }
+          : { cooldownMs: notify.cooldownMs }),
         trailing: trailingConnection
           ? (queue) => {
               // A lost hint costs latency only: the worker's poll still finds the rows.

@@ -134,11 +134,14 @@ export interface ConfigField {
 
 const TUNING_DESCRIPTIONS: Record<keyof typeof workerTuningShape, string> = {
   concurrency: "handlers running at once",
-  batchSize: "rows leased per fetch (a worker holds at most 2 × max(batchSize, concurrency) rows)",
+  batchSize:
+    "most rows one fetch leases: it starts at max(concurrency, 10) and doubles while fetches come back full",
   leaseTtlMs: "lease length; a crashed worker's rows are retried after it",
   heartbeatMs: "lease renewal period (default a third of leaseTtlMs, at most half)",
-  minPollIntervalMs: "poll interval while rows keep coming",
-  maxPollIntervalMs: "poll interval after empty fetches (doubling from the minimum, jittered)",
+  minPollIntervalMs:
+    "poll interval while rows keep coming, and always when LISTEN gets no wake-ups (poll-only)",
+  maxPollIntervalMs:
+    "poll interval after empty fetches while LISTEN works (doubling from the minimum); without it, the minimum",
   listen: "wake on LISTEN/NOTIFY (polling always runs)",
   synchronousCommit:
     "wait for the WAL flush on the worker's own writes (off: a server crash can only redeliver)",

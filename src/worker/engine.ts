@@ -37,6 +37,8 @@ export interface Engine {
   startFetching(): void;
   /** Look for rows now (a notification, a reconnect). */
   wake(): void;
+  /** Whether LISTEN delivers wake-ups; without them empty polls stay at the minimum interval. */
+  setWakeUps(on: boolean): void;
   /** No new leases; hand back unstarted rows; wait (bounded) for handlers and outcomes. */
   shutdown(timeoutMs: number, alongside?: Promise<unknown>): Promise<StopResult>;
   /** Deliveries held right now (queued, running, completing). */
@@ -115,16 +117,42 @@ export function createEngine(deps: EngineDeps): Engine {
     onFatal: deps.onFatal,
   });
 
+  // Round trip of the last leases (moving average, ms): how long a row takes to arrive once asked for.
+  let fetchMs = 1;
+  /**
+   * Free slots for the next fetch: room in the local queue, but no more rows than the dispatch loops can
+   * start before the next fetch would land. With slow handlers a worker must not hoard rows that another,
+   * idle worker could run now: rows wait locally only as long as it takes to fetch more.
+   */
+  function free(): number {
+    const queued = queue.size;
+    const room = capacity - queued - completer.pending;
+    const handlerMs = dispatcher.handlerMs;
+    // Until a handler finished, one loop's worth ahead: a first fetch must not hoard rows for handlers
+    // that may take seconds.
+    const soon =
+      handlerMs === undefined
+        ? options.concurrency
+        : Math.ceil((options.concurrency * (2 * fetchMs + 1)) / Math.max(handlerMs, 0.001));
+    // Counted over every held row not yet completing: queued, handed to a loop but not started, running.
+    const active = held.size - completer.pending;
+    return Math.min(room, Math.max(0, options.concurrency + soon - active));
+  }
+
   const fetcher = new Fetcher<HeldRow>({
     batchSize: options.batchSize,
+    // A trickle is leased a loop's worth at a time; full fetches double it towards batchSize.
+    minBatch: Math.min(options.batchSize, Math.max(options.concurrency, 10)),
     minPollMs: options.minPollIntervalMs,
     maxPollMs: options.maxPollIntervalMs,
     backoffBaseMs: options.loopBackoffBaseMs,
     backoffMaxMs: options.loopBackoffMaxMs,
     maxConsecutiveFailures: options.maxConsecutiveFailures,
-    free: () => capacity - queue.size - completer.pending,
+    free,
     lease: async (limit) => {
+      const started = performance.now();
       const lease = await store.lease(limit);
+      fetchMs = fetchMs * 0.8 + (performance.now() - started) * 0.2;
       health.recovered("fetch");
       return heldRows(lease.token, lease.rows);
     },
@@ -253,6 +281,7 @@ export function createEngine(deps: EngineDeps): Engine {
     },
     startFetching: () => fetcher.start(),
     wake: () => fetcher.trigger(),
+    setWakeUps: (on) => fetcher.setWakeUps(on),
     shutdown,
     get held() {
       return held.size;

@@ -16,7 +16,7 @@ const positiveMs = (max: number) => z.number().int().positive().max(max);
  */
 export const workerTuningShape = {
   concurrency: z.number().int().min(1).max(10_000).default(10),
-  batchSize: z.number().int().min(1).max(10_000).default(100),
+  batchSize: z.number().int().min(1).max(10_000).default(500),
   leaseTtlMs: z.number().int().min(1000).max(86_400_000).default(30_000),
   heartbeatMs: positiveMs(43_200_000).optional(),
   minPollIntervalMs: positiveMs(3_600_000).default(100),

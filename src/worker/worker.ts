@@ -161,6 +161,7 @@ export function createWorker(input: WorkerOptions): Worker {
             } else {
               log.info({ listener: s, detail }, `listener ${s}`);
             }
+            engine.setWakeUps(s === "listening");
             emitter.emit("listener", { state: s, detail });
           },
           onError: (error) => log.debug({ err: error }, "listener error"),

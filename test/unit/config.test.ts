@@ -23,7 +23,7 @@ describe("service config", () => {
       schema: "outbox",
       migrate: false,
       relays: {},
-      worker: { concurrency: 10, batchSize: 100, leaseTtlMs: 30_000, listen: true },
+      worker: { concurrency: 10, batchSize: 500, leaseTtlMs: 30_000, listen: true },
       http: { host: "0.0.0.0", gaugeIntervalMs: 5000 },
       log: { level: "info" },
     });

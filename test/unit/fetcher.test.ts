@@ -18,23 +18,32 @@ function harness(options: {
   backoffBaseMs?: number;
   backoffMaxMs?: number;
   maxConsecutiveFailures?: number;
+  /** LISTEN delivers wake-ups (default true): only then do empty polls back off towards maxPollMs. */
+  wakeUps?: boolean;
+  minBatch?: number;
+  batchSize?: number;
+  /** Free local slots (default 10). */
+  free?: number;
 }) {
   const steps = options.steps ?? [];
   const at: number[] = [];
   const errors: number[] = [];
   const fatal: Error[] = [];
+  const limits: number[] = [];
   const t0 = Date.now();
   const fetcher = new Fetcher<number>({
-    batchSize: 10,
+    batchSize: options.batchSize ?? 10,
+    minBatch: options.minBatch,
     minPollMs: options.minPollMs ?? 100,
     maxPollMs: options.maxPollMs ?? 1000,
     backoffBaseMs: options.backoffBaseMs ?? 100,
     backoffMaxMs: options.backoffMaxMs ?? 400,
     maxConsecutiveFailures: options.maxConsecutiveFailures ?? 1000,
-    free: () => 10,
+    free: () => options.free ?? 10,
     lease: async (limit) => {
       const step = steps[at.length] ?? 0;
       at.push(Date.now() - t0);
+      limits.push(limit);
       if (step instanceof Error) throw step;
       return Array.from({ length: Math.min(step, limit) }, (_, i) => i);
     },
@@ -43,8 +52,11 @@ function harness(options: {
     onFatal: (error) => void fatal.push(error),
     random: options.random,
   });
+  fetcher.setWakeUps(options.wakeUps ?? true);
   return {
     fetcher,
+    /** The limit of each lease() call. */
+    limits,
     errors,
     fatal,
     /** When each fetch ran, in ms after the start. */
@@ -74,14 +86,14 @@ async function runFor(ms: number, ...fetchers: Fetcher<number>[]) {
 
 describe("Fetcher poll schedule", () => {
   it("empty fetches double the poll interval from minPollMs up to maxPollMs", async () => {
-    const h = harness({ random: fixed(0.5) }); // 0.5: the jitter factor is exactly 1
+    const h = harness({ random: fixed(1) }); // 1: the jitter factor is exactly 1
     await runFor(6000, h.fetcher);
     expect(h.gaps().slice(0, 7)).toEqual([200, 400, 800, 1000, 1000, 1000, 1000]);
   });
 
   it("a fetch that finds rows resets the poll interval to minPollMs; a full batch fetches again at once", async () => {
     // Back off to the maximum, find one row (not a full batch), nothing twice, two full batches, a partial one.
-    const h = harness({ random: fixed(0.5), steps: [0, 0, 0, 0, 0, 1, 0, 0, 10, 10, 3, 0] });
+    const h = harness({ random: fixed(1), steps: [0, 0, 0, 0, 0, 1, 0, 0, 10, 10, 3, 0] });
     await runFor(6000, h.fetcher);
     const gaps = h.gaps();
     expect(gaps.slice(0, 5), "empty fetches back off to maxPollMs").toEqual([200, 400, 800, 1000, 1000]);
@@ -91,12 +103,12 @@ describe("Fetcher poll schedule", () => {
     expect(gaps[10], "a batch that is not full ends the run: poll at the minimum").toBe(100);
   });
 
-  it("jitters each delay by ±20 % (random 0 → 0.8×, random 1 → 1.2×), so two workers do not poll in lockstep", async () => {
+  it("jitters each delay up to 20 % early, never late (random 0 → 0.8×, random 1 → 1×), so two workers do not poll in lockstep", async () => {
     const low = harness({ random: fixed(0) });
     const high = harness({ random: fixed(1) });
     await runFor(6000, low.fetcher, high.fetcher);
     expect(low.gaps().slice(0, 6)).toEqual([160, 320, 640, 800, 800, 800]);
-    expect(high.gaps().slice(0, 6)).toEqual([240, 480, 960, 1200, 1200, 1200]);
+    expect(high.gaps().slice(0, 6)).toEqual([200, 400, 800, 1000, 1000, 1000]);
     // Started together, they fetched together once, at the start, and never again.
     const together = low.at.filter((t) => high.at.includes(t));
     expect(together).toEqual([0]);
@@ -104,14 +116,14 @@ describe("Fetcher poll schedule", () => {
 
   it("a failed fetch backs off exponentially (capped, jittered) and the poll resumes after a success", async () => {
     const h = harness({
-      random: fixed(0.5),
+      random: fixed(1),
       backoffBaseMs: 100,
       backoffMaxMs: 400,
       steps: [boom(), boom(), boom(), boom(), 0, 0],
     });
     await runFor(3000, h.fetcher);
-    // backoff: equal jitter over 100, 200, 400, 400 at random 0.5 = 75, 150, 300, 300 (schedule jitter 1×).
-    expect(h.gaps().slice(0, 6)).toEqual([75, 150, 300, 300, 200, 400]);
+    // backoff: equal jitter over 100, 200, 400, 400 at random 1 = the full delays (schedule jitter 1×).
+    expect(h.gaps().slice(0, 6)).toEqual([100, 200, 400, 400, 200, 400]);
     expect(h.errors).toEqual([1, 2, 3, 4]);
     expect(h.fatal).toEqual([]);
 
@@ -123,7 +135,7 @@ describe("Fetcher poll schedule", () => {
 
   it("after maxConsecutiveFailures failed fetches in a row it reports fatal and fetches no more", async () => {
     const h = harness({
-      random: fixed(0.5),
+      random: fixed(1),
       maxConsecutiveFailures: 3,
       steps: [boom(), boom(), 0, boom(), boom(), boom(), 0],
     });
@@ -132,5 +144,37 @@ describe("Fetcher poll schedule", () => {
     expect(h.errors).toEqual([1, 2, 1, 2, 3]);
     expect(h.fatal).toHaveLength(1);
     expect(h.at).toHaveLength(6);
+  });
+
+  it("without wake-ups (poll-only, listen off, listener down) empty polls stay at minPollMs", async () => {
+    const h = harness({ random: fixed(1), wakeUps: false, steps: [0, 0, 0, 0, 1, 0, 0] });
+    await runFor(1000, h.fetcher);
+    expect(h.gaps().slice(0, 6)).toEqual([100, 100, 100, 100, 100, 100]);
+  });
+
+  it("losing wake-ups brings a backed-off poll interval straight back to minPollMs", async () => {
+    const h = harness({ random: fixed(1) });
+    h.fetcher.start();
+    await vi.advanceTimersByTimeAsync(1500); // polls at 0, 200, 600, 1400: next one 800 ms later
+    h.fetcher.setWakeUps(false);
+    await vi.advanceTimersByTimeAsync(500);
+    await h.fetcher.stop();
+    expect(h.at.slice(0, 4)).toEqual([0, 200, 600, 1400]);
+    expect(h.at.slice(4, 8)).toEqual([1600, 1700, 1800, 1900]);
+  });
+});
+
+describe("Fetcher batch size", () => {
+  it("starts at minBatch, doubles while fetches come back full up to batchSize, and drops back after a short one", async () => {
+    const h = harness({
+      random: fixed(1),
+      minBatch: 10,
+      batchSize: 100,
+      free: 1000,
+      // Full, full, full, full (capped at 100), full, short, then a trickle.
+      steps: [10, 20, 40, 80, 100, 100, 7, 0, 3],
+    });
+    await runFor(1000, h.fetcher);
+    expect(h.limits.slice(0, 9)).toEqual([10, 20, 40, 80, 100, 100, 100, 10, 10]);
   });
 });
