@@ -401,7 +401,7 @@ async function scale(spec: Extract<JobSpec, { kind: "scale" }>): Promise<ScaleRe
   await pool.end();
   // The drain itself: the compiled package under plain node (see drain-compiled.mjs).
   const drained = await runJob<Omit<ScaleResult, "plans" | "timedFetch" | "timedAck">>(
-    { url: DATABASE_URL, schema, rows, concurrency: spec.concurrency, batchSize: 500 },
+    { url: DATABASE_URL, schema, rows, concurrency: spec.concurrency },
     { script: "bench/drain-compiled.mjs" },
   );
   await peer.teardown();

@@ -1,7 +1,8 @@
 /**
  * This project, through its public pieces: migrate, createWorker, createPublisher, the optional trigger.
  *
- * Producer modes: "plain" (a bare INSERT, no notification: the baseline), "default" (`publish` with its
+ * Producer modes: "plain" (a bare INSERT as a named prepared statement, no notification: the baseline),
+ * "plainUnnamed" (the same INSERT unnamed, as pg sends `client.query(text, values)`), "default" (`publish` with its
  * throttled wake-ups, the default), "silent" (`publish`, wake-ups off), "cooldownN" (throttle window N ms),
  * "every" (`publish` notifying in every transaction), "trigger" (a bare INSERT with the optional notify
  * trigger attached): each single-message publish is `BEGIN; …; COMMIT`, as in a producer's own
@@ -99,14 +100,16 @@ export function outboxPeer(schema: string): Peer {
           client.release();
         }
       };
-      const bare = mode === "plain" || mode === "trigger";
+      const bare = mode === "plain" || mode === "trigger" || mode === "plainUnnamed";
+      // pg's default: `client.query(text, values)`, an unnamed statement, as `publish` sends by default.
+      const plainInsert = mode === "plainUnnamed" ? { text: insert.text } : insert;
       const producer: Producer = {
         publish: (n) =>
           mode === "autocommit"
             ? publisher.publish(pool, QUEUE, payload(n)).then(() => {})
             : inTransaction((client) =>
                 bare
-                  ? client.query({ ...insert, values: [QUEUE, JSON.stringify(payload(n))] })
+                  ? client.query({ ...plainInsert, values: [QUEUE, JSON.stringify(payload(n))] })
                   : publisher.publish(client, QUEUE, payload(n)),
               ),
         publishBatch: (from, count) =>
