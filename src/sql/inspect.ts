@@ -3,8 +3,7 @@ import { type OutboxNames, quoteLiteral } from "./names.js";
 
 // Run rarely, on executors the caller hands in (maybe behind a pooler): unnamed, not prepared.
 
-/** One queue's numbers, as `status` prints them and the metrics gauges export them. */
-/** One queue's counts by state. */
+/** One queue's counts by state, as `status` prints them and the metrics gauges export them. */
 export interface QueueStatusRow {
   queue: string;
   /** Due and not leased: waiting for a worker. */
@@ -52,8 +51,7 @@ ORDER BY 1`,
   );
 }
 
-/** The messages table's health: what vacuum has left to do, and whether it will. */
-/** The messages table's vacuum state and size. */
+/** The messages table's vacuum state and size: what vacuum has left to do, and whether it will. */
 export interface TableHealthRow {
   /** Dead row versions not vacuumed yet (every message leaves about two). */
   dead_tuples: number;
@@ -85,8 +83,7 @@ WHERE c.oid = to_regclass(${table})`,
   );
 }
 
-/** One worker's leases, as `status` prints them. */
-/** The leases one worker holds. */
+/** The leases one worker holds, as `status` prints them. */
 export interface WorkerLeasesRow {
   /** `acquired_by`: the worker's id (its host name by default). */
   worker: string;
