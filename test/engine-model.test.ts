@@ -348,7 +348,7 @@ async function takeover(
   const noticed = await waitFor(() => {
     const lost = lostDeliveries(h);
     return engineKeys.every((k) => lost.has(k));
-  }, 1000);
+  }, 2000);
   if (!noticed) {
     const lost = lostDeliveries(h);
     return `takeover of ${engineKeys.filter((k) => !lost.has(k)).join(", ")} never reported as lease_lost`;
@@ -408,7 +408,7 @@ async function runScenario(s: Scenario): Promise<{ h: Harness; result: StopResul
       }
     }
     if (result === undefined) {
-      if (!(await waitFor(() => h.table.rows.size === 0, 3000))) {
+      if (!(await waitFor(() => h.table.rows.size === 0, 5000))) {
         problems.push(`rows never finished: ${JSON.stringify([...h.table.rows.values()])}`);
       }
       result = await h.engine.shutdown(1000);
