@@ -1,29 +1,22 @@
-import { execFile } from "node:child_process";
 import { chmod, mkdtemp } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { promisify } from "node:util";
 import { afterAll, describe, expect, it } from "vitest";
+import { runCli } from "./helpers/cli-in-process.js";
+import { execCli } from "./helpers/cli-process.js";
 import { testDatabase } from "./helpers/database.js";
 import { removeTempDir } from "./helpers/remove-temp-dir.js";
 
-const exec = promisify(execFile);
 const db = testDatabase("cli");
-const CLI = path.resolve("src/cli/main.ts");
-const TSX = path.resolve("node_modules/.bin/tsx");
 
-/** Run the CLI as a user would, in a child process; never throws on a non-zero exit. */
-async function cli(args: string[], env: Record<string, string | undefined> = {}) {
-  try {
-    const { stdout, stderr } = await exec(TSX, [CLI, ...args], {
-      env: { ...process.env, DATABASE_URL: undefined, ...env },
-      timeout: 60_000,
-    });
-    return { code: 0, stdout, stderr };
-  } catch (error) {
-    const e = error as { code: number; stdout: string; stderr: string };
-    return { code: e.code, stdout: e.stdout, stderr: e.stderr };
-  }
+/** Run the CLI as a user would, in-process (main(argv, io): the binary's output and exit code). */
+function cli(args: string[], env: Record<string, string | undefined> = {}) {
+  return runCli(args, { ...process.env, DATABASE_URL: undefined, ...env });
+}
+
+/** The demo owns its process (signals, exit): the built CLI in a child process; never throws on a non-zero exit. */
+function demo(args: string[], env: Record<string, string | undefined> = {}) {
+  return execCli(["demo", ...args], env, { timeoutMs: 60_000 });
 }
 
 /**
@@ -111,7 +104,7 @@ describe("outbox-worker CLI", () => {
       // demo_orders is created on the search path: in the fresh schema (dropped after the file), not public.
       const url = new URL(db.url);
       url.searchParams.set("options", `-c search_path=${schema}`);
-      const out = await cli(["demo", "--orders", "10", "--live", "1"], {
+      const out = await demo(["--orders", "10", "--live", "1"], {
         DATABASE_URL: url.toString(),
         OUTBOX_SCHEMA: schema,
       });
@@ -139,14 +132,14 @@ describe("outbox-worker CLI", () => {
       dirs.push(dir);
       await chmod(dir, 0o755); // as root the server runs as "postgres", which must reach the folder
       const dataDir = path.join(dir, "data");
-      const first = await cli(["demo", "--orders", "5", "--live", "0", "--data-dir", dataDir]);
+      const first = await demo(["--orders", "5", "--live", "0", "--data-dir", dataDir]);
       expect(first.stderr).toBe("");
       expect(first.code).toBe(0);
       expect(first.stdout).toContain("starting an embedded Postgres");
       expect(first.stdout).toContain('Installed outbox schema "outbox"');
       // Its own server: nothing to warn about.
       expect(first.stdout).not.toContain("Creating table");
-      const second = await cli(["demo", "--orders", "5", "--live", "0", "--data-dir", dataDir]);
+      const second = await demo(["--orders", "5", "--live", "0", "--data-dir", dataDir]);
       expect(second.code).toBe(0);
       expect(second.stdout).toContain('Outbox schema "outbox" is up to date');
       expect(second.stdout).toMatch(/Delivered 5 message\(s\) in \d+ ms; 0 left in the outbox/);

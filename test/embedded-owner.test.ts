@@ -86,7 +86,8 @@ describe("zero-setup runs side by side", () => {
     const dir = await tempDir();
     const demo = cli(["demo", "--live", "60", "--data-dir", path.join(dir, "data")], dir);
     await demo.waitFor("Live for", 60_000);
-    await demo.waitFor("  1 s  placed");
+    // Its first progress line: "1 s", or "2 s" when the machine is busy and the tick runs late.
+    await demo.waitFor(" s  placed");
     demo.child.kill("SIGINT");
     const { code } = await demo.exited;
     expect(code).toBe(130);

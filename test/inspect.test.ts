@@ -1,37 +1,26 @@
-import { execFile } from "node:child_process";
-import path from "node:path";
-import { promisify } from "node:util";
 import pg from "pg";
 import { beforeAll, describe, expect, it } from "vitest";
 import { parseDuration } from "../src/cli/dead-letters-command.js";
 import { peekMessages } from "../src/inspect/peek.js";
 import { migrate } from "../src/migrate/migrator.js";
 import { outboxNames } from "../src/sql/names.js";
+import { type CliResult, runCli } from "./helpers/cli-in-process.js";
 import { listen, testDatabase } from "./helpers/database.js";
 
-const exec = promisify(execFile);
 const db = testDatabase("insp");
-const CLI = path.resolve("src/cli/main.ts");
-const TSX = path.resolve("node_modules/.bin/tsx");
 
-interface CliResult {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
-
-/** Run the CLI as a user would, in a child process, on the test database; never throws on a non-zero exit. */
-async function cli(args: string[], env: Record<string, string | undefined> = {}): Promise<CliResult> {
-  try {
-    const { stdout, stderr } = await exec(TSX, [CLI, ...args], {
-      env: { ...process.env, DATABASE_URL: db.url, OUTBOX_SCHEMA: undefined, PGOPTIONS: undefined, ...env },
-      timeout: 60_000,
-    });
-    return { code: 0, stdout, stderr };
-  } catch (error) {
-    const e = error as { code: number; stdout: string; stderr: string };
-    return { code: e.code, stdout: e.stdout, stderr: e.stderr };
-  }
+/**
+ * Run the CLI as a user would, on the test database, in-process (main(argv, io): same output, same exit
+ * code as the binary); never throws on a non-zero exit.
+ */
+function cli(args: string[], env: Record<string, string | undefined> = {}): Promise<CliResult> {
+  return runCli(args, {
+    ...process.env,
+    DATABASE_URL: db.url,
+    OUTBOX_SCHEMA: undefined,
+    PGOPTIONS: undefined,
+    ...env,
+  });
 }
 
 const ERROR_TRACE =

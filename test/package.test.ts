@@ -10,9 +10,10 @@ import { afterAll, beforeAll, describe, expect, inject, it } from "vitest";
 import { testDatabase } from "./helpers/database.js";
 
 /**
- * The package as a user gets it: built with `npm run build` into dist/ (what `npm pack` ships), loaded
- * by name from an app folder whose node_modules/pg-outbox-worker links to this repository, so Node
- * resolves it through package.json's `exports` as it would an installed copy.
+ * The package as a user gets it: built with `npm run build` into dist/ (what `npm pack` ships; the global
+ * setup builds it once per run), loaded by name from an app folder whose node_modules/pg-outbox-worker
+ * links to this repository, so Node resolves it through package.json's `exports` as it would an
+ * installed copy.
  */
 
 const exec = promisify(execFile);
@@ -40,17 +41,12 @@ async function node(
   }
 }
 
+// dist/ is built once per run, by the global setup (test/setup/global-setup.ts).
 beforeAll(async () => {
-  try {
-    await exec("npm", ["run", "build"], { cwd: ROOT, timeout: 170_000 });
-  } catch (error) {
-    const e = error as { stdout?: string; stderr?: string; message: string };
-    throw new Error(`npm run build failed: ${e.message}\n${e.stdout ?? ""}${e.stderr ?? ""}`);
-  }
   app = await mkdtemp(path.join(tmpdir(), "outbox-package-"));
   await mkdir(path.join(app, "node_modules"));
   await symlink(ROOT, path.join(app, "node_modules", "pg-outbox-worker"), "dir");
-}, 180_000);
+});
 
 afterAll(async () => {
   if (app) await rm(app, { recursive: true, force: true });

@@ -49,7 +49,7 @@ describe("outbox-worker run at start", () => {
       }),
     });
     expect(r.code).toBe(1);
-    expect(r.seconds).toBeLessThan(15); // the CLI's own start under tsx included; it used to retry for minutes
+    expect(r.seconds).toBeLessThan(15); // the CLI's own start included; it used to retry for minutes
     expect(r.output).toContain("outbox-worker run: cannot use the database: the database does not exist");
     expect(r.output).not.toContain("outbox-worker running");
   });

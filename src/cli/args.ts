@@ -1,5 +1,5 @@
 import { parseArgs } from "node:util";
-import pg from "pg";
+import type pg from "pg";
 import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
 
 /** Thrown for a wrong command line; main prints it with the command's usage and exits 2. */
@@ -31,34 +31,44 @@ export function parseCommandArgs(args: string[], options: OptionSpec): ParsedArg
 }
 
 /** The database to use: --database-url, else DATABASE_URL. Never printed without redaction. */
-export function databaseUrlFrom(flag: string | boolean | undefined): string | undefined {
+export function databaseUrlFrom(
+  flag: string | boolean | undefined,
+  env: NodeJS.ProcessEnv,
+): string | undefined {
   if (typeof flag === "string" && flag.length > 0) return flag;
-  const env = process.env.DATABASE_URL;
-  return env && env.length > 0 ? env : undefined;
+  const url = env.DATABASE_URL;
+  return url && url.length > 0 ? url : undefined;
 }
 
 type Values = Record<string, string | boolean | string[] | undefined>;
 
 /** --schema, else OUTBOX_SCHEMA, else the default; validated before anything connects. */
-export function schemaFrom(values: Values): string {
-  return validateSchemaName(
-    (values.schema as string | undefined) ?? process.env.OUTBOX_SCHEMA ?? DEFAULT_SCHEMA,
-  );
+export function schemaFrom(values: Values, env: NodeJS.ProcessEnv): string {
+  return validateSchemaName((values.schema as string | undefined) ?? env.OUTBOX_SCHEMA ?? DEFAULT_SCHEMA);
 }
 
 /**
  * One short-lived connection for a command. The schema is checked and the database found before
- * connecting, so a bad name never reaches a server.
+ * connecting, so a bad name never reaches a server. The driver is loaded only then: a usage error never
+ * loads it. PGOPTIONS and PGPASSWORD come from the command's environment (the process's, when installed,
+ * which is what the driver would read itself).
  */
 export async function withDatabase<T>(
   values: Values,
+  env: NodeJS.ProcessEnv,
   applicationName: string,
   run: (client: pg.Client, schema: string) => Promise<T>,
 ): Promise<T> {
-  const schema = schemaFrom(values);
-  const url = databaseUrlFrom(values["database-url"] as string | undefined);
+  const schema = schemaFrom(values, env);
+  const url = databaseUrlFrom(values["database-url"] as string | undefined, env);
   if (!url) throw new UsageError("no database: set DATABASE_URL or pass --database-url");
-  const client = new pg.Client({ connectionString: url, application_name: applicationName });
+  const { default: driver } = await import("pg");
+  const client = new driver.Client({
+    connectionString: url,
+    application_name: applicationName,
+    ...(env.PGOPTIONS === undefined ? {} : { options: env.PGOPTIONS }),
+    ...(env.PGPASSWORD === undefined ? {} : { password: env.PGPASSWORD }),
+  });
   await client.connect();
   try {
     return await run(client, schema);

@@ -11,6 +11,7 @@ import { MAX_LIMIT } from "../inspect/peek.js";
 import { DEFAULT_SCHEMA } from "../sql/names.js";
 import { parseCommandArgs, UsageError, withDatabase } from "./args.js";
 import { cell, formatAge, jsonCell, printJson, renderTable, safeText } from "./format.js";
+import { type CliIo, print, printError } from "./io.js";
 import { parseLimit } from "./peek-command.js";
 
 export const deadLettersUsage = `Usage: outbox-worker dead-letters list|show|replay|purge [options]
@@ -76,7 +77,7 @@ function byQueue(queues: readonly { queue: string; n: number }[]): string {
   return some.length === 0 ? "" : ` (${some.map((q) => `queue ${cell(q.queue)}: ${q.n}`).join(", ")})`;
 }
 
-async function list(argv: string[]): Promise<number> {
+async function list(argv: string[], io: CliIo): Promise<number> {
   const { values, positionals } = parseCommandArgs(argv, {
     ...CONNECTION_OPTIONS,
     queue: { type: "string" },
@@ -84,19 +85,19 @@ async function list(argv: string[]): Promise<number> {
     limit: { type: "string" },
     json: { type: "boolean" },
   });
-  if (values.help) return help();
+  if (values.help) return help(io);
   noPositionals(positionals);
   const query = {
     queue: values.queue as string | undefined,
     reason: values.reason as string | undefined,
     limit: parseLimit(values.limit),
   };
-  const rows = await withDatabase(values, "outbox-dead-letters", (client, schema) =>
+  const rows = await withDatabase(values, io.env, "outbox-dead-letters", (client, schema) =>
     listDeadLetters(client, schema, query),
   );
-  if (values.json) printJson(rows);
-  else if (rows.length === 0) console.log("no dead letters");
-  else console.log(deadLetterTable(rows));
+  if (values.json) printJson(io, rows);
+  else if (rows.length === 0) print(io, "no dead letters");
+  else print(io, deadLetterTable(rows));
   return 0;
 }
 
@@ -127,24 +128,24 @@ function deadLetterTable(rows: readonly DeadLetter[]): string {
   );
 }
 
-async function show(argv: string[]): Promise<number> {
+async function show(argv: string[], io: CliIo): Promise<number> {
   const { values, positionals } = parseCommandArgs(argv, {
     ...CONNECTION_OPTIONS,
     json: { type: "boolean" },
   });
-  if (values.help) return help();
+  if (values.help) return help(io);
   const [raw, ...extra] = positionals;
   if (raw === undefined) throw new UsageError("show needs the id of a dead letter");
   noPositionals(extra);
   const id = parseId(raw, "ID");
-  return withDatabase(values, "outbox-dead-letters", async (client, schema) => {
+  return withDatabase(values, io.env, "outbox-dead-letters", async (client, schema) => {
     const row = await getDeadLetter(client, schema, id);
     if (!row) {
-      console.error(`outbox-worker dead-letters: no dead letter with id ${id} in schema "${schema}"`);
+      printError(io, `outbox-worker dead-letters: no dead letter with id ${id} in schema "${schema}"`);
       return 1;
     }
-    if (values.json) printJson(row);
-    else console.log(describe(row));
+    if (values.json) printJson(io, row);
+    else print(io, describe(row));
     return 0;
   });
 }
@@ -214,48 +215,49 @@ function replayFilter(values: ReturnType<typeof parseReplayArgs>["values"]): Rep
   return { ids, queue, reason };
 }
 
-async function replay(argv: string[]): Promise<number> {
+async function replay(argv: string[], io: CliIo): Promise<number> {
   const { values, positionals } = parseReplayArgs(argv);
-  if (values.help) return help();
+  if (values.help) return help(io);
   noPositionals(positionals);
   const filter = replayFilter(values);
   const dryRun = values["dry-run"] === true;
-  const result = await withDatabase(values, "outbox-dead-letters", (client, schema) =>
+  const result = await withDatabase(values, io.env, "outbox-dead-letters", (client, schema) =>
     replayDeadLetters(client, schema, filter, { dryRun }),
   );
   const moved = byQueue(result.queues.map((q) => ({ queue: q.queue, n: q.replayed })));
   const skippedIds = result.queues.flatMap((q) => q.skippedIds).join(", ");
   const skipped = `${count(result.skipped)} whose id is already in the outbox (left in dead_letters): ${skippedIds}`;
   if (dryRun) {
-    console.log(`dry run: would replay ${count(result.replayed)}${moved}; nothing changed`);
-    if (result.skipped > 0) console.log(`would skip ${skipped}`);
+    print(io, `dry run: would replay ${count(result.replayed)}${moved}; nothing changed`);
+    if (result.skipped > 0) print(io, `would skip ${skipped}`);
     return 0;
   }
-  console.log(`replayed ${count(result.replayed)}${moved}`);
+  print(io, `replayed ${count(result.replayed)}${moved}`);
   if (result.skipped === 0) return 0;
-  console.error(`outbox-worker dead-letters: skipped ${skipped}`);
+  printError(io, `outbox-worker dead-letters: skipped ${skipped}`);
   return 1;
 }
 
-async function purge(argv: string[]): Promise<number> {
+async function purge(argv: string[], io: CliIo): Promise<number> {
   const { values, positionals } = parseCommandArgs(argv, {
     ...CONNECTION_OPTIONS,
     "older-than": { type: "string" },
     queue: { type: "string" },
     "dry-run": { type: "boolean" },
   });
-  if (values.help) return help();
+  if (values.help) return help(io);
   noPositionals(positionals);
   const age = values["older-than"];
   if (typeof age !== "string") throw new UsageError("purge needs --older-than (e.g. 30m, 12h, 7d)");
   const olderThanMs = parseDuration(age);
   const dryRun = values["dry-run"] === true;
   const options = { olderThanMs, queue: values.queue as string | undefined, dryRun };
-  const result = await withDatabase(values, "outbox-dead-letters", (client, schema) =>
+  const result = await withDatabase(values, io.env, "outbox-dead-letters", (client, schema) =>
     purgeDeadLetters(client, schema, options),
   );
   const counts = byQueue(result.queues.map((q) => ({ queue: q.queue, n: q.purged })));
-  console.log(
+  print(
+    io,
     dryRun
       ? `dry run: would purge ${count(result.purged)} older than ${age}${counts}; nothing changed`
       : `purged ${count(result.purged)} older than ${age}${counts}`,
@@ -263,22 +265,22 @@ async function purge(argv: string[]): Promise<number> {
   return 0;
 }
 
-function help(): number {
-  console.log(deadLettersUsage);
+function help(io: CliIo): number {
+  print(io, deadLettersUsage);
   return 0;
 }
 
-const subcommands = new Map<string, (argv: string[]) => Promise<number>>([
+const subcommands = new Map<string, (argv: string[], io: CliIo) => Promise<number>>([
   ["list", list],
   ["show", show],
   ["replay", replay],
   ["purge", purge],
 ]);
 
-export async function deadLettersCommand(argv: string[]): Promise<number> {
+export async function deadLettersCommand(argv: string[], io: CliIo): Promise<number> {
   const [name, ...rest] = argv;
-  if (name === "-h" || name === "--help" || name === "help") return help();
+  if (name === "-h" || name === "--help" || name === "help") return help(io);
   const sub = name === undefined ? undefined : subcommands.get(name);
   if (!sub) throw new UsageError(`expected list, show, replay or purge, got ${JSON.stringify(name ?? "")}`);
-  return sub(rest);
+  return sub(rest, io);
 }

@@ -14,6 +14,7 @@ import { redactConnectionString } from "../util/redact.js";
 import { handle } from "../worker/options.js";
 import { createWorker } from "../worker/worker.js";
 import { databaseUrlFrom, parseCommandArgs, UsageError } from "./args.js";
+import { type CliIo, print, printError } from "./io.js";
 
 export const demoUsage = `Usage: outbox-worker demo [--orders N] [--live SECONDS] [--rate N] [--data-dir DIR] [--database-url URL]
 
@@ -240,7 +241,7 @@ async function live(
   );
 }
 
-export async function demoCommand(argv: string[]): Promise<number> {
+export async function demoCommand(argv: string[], io: CliIo): Promise<number> {
   const { values } = parseCommandArgs(argv, {
     orders: { type: "string" },
     live: { type: "string" },
@@ -249,7 +250,7 @@ export async function demoCommand(argv: string[]): Promise<number> {
     "database-url": { type: "string" },
   });
   if (values.help) {
-    console.log(demoUsage);
+    print(io, demoUsage);
     return 0;
   }
   const orders = Number(values.orders ?? 20);
@@ -268,7 +269,7 @@ export async function demoCommand(argv: string[]): Promise<number> {
   if (!Number.isInteger(rate) || rate < 1 || rate > 5000) {
     throw new UsageError(`--rate must be a whole number from 1 to 5000, got ${JSON.stringify(values.rate)}`);
   }
-  const schema = process.env.OUTBOX_SCHEMA ?? DEFAULT_SCHEMA;
+  const schema = io.env.OUTBOX_SCHEMA ?? DEFAULT_SCHEMA;
   outboxNames(schema);
 
   // Ctrl-C (or SIGTERM) stops at the next step and cleans up: worker, pool, embedded server; a second one
@@ -276,18 +277,18 @@ export async function demoCommand(argv: string[]): Promise<number> {
   const interruption = new AbortController();
   const onSignal = (signal: NodeJS.Signals) => {
     if (interruption.signal.aborted) process.exit(130);
-    console.log(`\n${signal}: stopping the demo (the worker, then the database) ...`);
+    print(io, `\n${signal}: stopping the demo (the worker, then the database) ...`);
     interruption.abort();
   };
   process.on("SIGINT", onSignal);
   process.on("SIGTERM", onSignal);
   const interrupted = interruption.signal;
 
-  let url = databaseUrlFrom(values["database-url"]);
+  let url = databaseUrlFrom(values["database-url"], io.env);
   let stopEmbedded: (() => Promise<void>) | undefined;
   if (!url) {
     const dataDir = path.resolve((values["data-dir"] as string | undefined) ?? ".outbox-data");
-    console.log(`No DATABASE_URL: starting an embedded Postgres in ${dataDir} ...`);
+    print(io, `No DATABASE_URL: starting an embedded Postgres in ${dataDir} ...`);
     const started = Date.now();
     let server: Awaited<ReturnType<typeof startEmbeddedPostgres>>;
     try {
@@ -296,12 +297,12 @@ export async function demoCommand(argv: string[]): Promise<number> {
       process.off("SIGINT", onSignal);
       process.off("SIGTERM", onSignal);
       if (error instanceof EmbeddedPostgresNotInstalledError) {
-        console.error(`outbox-worker demo: ${error.message}`);
+        printError(io, `outbox-worker demo: ${error.message}`);
         return 2;
       }
       throw error;
     }
-    console.log(`Embedded Postgres ready on port ${server.port} in ${Date.now() - started} ms`);
+    print(io, `Embedded Postgres ready on port ${server.port} in ${Date.now() - started} ms`);
     url = server.url;
     stopEmbedded = server.stop;
   }
@@ -309,9 +310,10 @@ export async function demoCommand(argv: string[]): Promise<number> {
   // An idle client cut by the server (say, the embedded one shutting down) must not crash the demo.
   pool.on("error", () => {});
   try {
-    console.log(`Database: ${redactConnectionString(url)}`);
+    print(io, `Database: ${redactConnectionString(url)}`);
     const result = await migrate({ connection: pool, schema });
-    console.log(
+    print(
+      io,
       result.applied.length
         ? `Installed outbox schema "${schema}" (${result.applied.map((m) => m.name).join(", ")})`
         : `Outbox schema "${schema}" is up to date (version ${result.version})`,
@@ -319,7 +321,8 @@ export async function demoCommand(argv: string[]): Promise<number> {
     if (stopEmbedded === undefined) {
       // Someone else's database: say what the demo leaves in it.
       const { rows } = await pool.query<{ schema: string }>('SELECT current_schema() AS "schema"');
-      console.log(
+      print(
+        io,
         `Creating table ${rows[0]?.schema ?? "public"}.demo_orders for the demo's orders (it stays; DROP TABLE demo_orders removes it)`,
       );
     }
@@ -328,7 +331,8 @@ export async function demoCommand(argv: string[]): Promise<number> {
     );
     const started = Date.now();
     const { committed, rolledBack } = await placeOrders(pool, orders, schema);
-    console.log(
+    print(
+      io,
       `\nPlaced ${orders} orders in ${Date.now() - started} ms: ${committed} committed (order + message), ${rolledBack} rolled back (neither).`,
     );
     if (!interrupted.aborted) await showOutbox(pool, schema);
@@ -336,7 +340,7 @@ export async function demoCommand(argv: string[]): Promise<number> {
     if (liveSeconds > 0 && !interrupted.aborted)
       await live(url, pool, schema, liveSeconds, rate, interrupted);
     if (interrupted.aborted) {
-      console.log("Demo stopped.");
+      print(io, "Demo stopped.");
       return 130;
     }
     return 0;

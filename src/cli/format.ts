@@ -1,4 +1,5 @@
 import { scrubDeep } from "../util/redact.js";
+import type { CliIo } from "./io.js";
 
 export interface Column {
   header: string;
@@ -25,8 +26,8 @@ export function renderTable(columns: readonly Column[], rows: readonly (readonly
  * Scrubbed value by value rather than as text (the console's scrub), so a secret made of digits cannot
  * cut into a number and leave invalid JSON.
  */
-export function printJson(value: unknown): void {
-  process.stdout.write(`${JSON.stringify(scrubDeep(value), null, 2)}\n`);
+export function printJson(io: CliIo, value: unknown): void {
+  io.stdout(`${JSON.stringify(scrubDeep(value), null, 2)}\n`);
 }
 
 /** "3.2 s", "42 s", "4 min", "2 h", "3 d"; "-" when there is no age. */

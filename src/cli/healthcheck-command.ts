@@ -1,4 +1,5 @@
 import { parseCommandArgs, UsageError } from "./args.js";
+import { type CliIo, print, printError } from "./io.js";
 
 export const healthcheckUsage = `Usage: outbox-worker healthcheck [--port N] [--liveness] [--timeout-ms MS] [--host ADDRESS]
 
@@ -18,7 +19,7 @@ const DEFAULT_TIMEOUT_MS = 3000;
 /** Bind-all addresses: the server listens on them, but a client asks the loopback. */
 const WILDCARDS = new Set(["", "0.0.0.0", "::", "[::]"]);
 
-export async function healthcheckCommand(argv: string[]): Promise<number> {
+export async function healthcheckCommand(argv: string[], io: CliIo): Promise<number> {
   const { values } = parseCommandArgs(argv, {
     port: { type: "string" },
     liveness: { type: "boolean" },
@@ -26,12 +27,13 @@ export async function healthcheckCommand(argv: string[]): Promise<number> {
     host: { type: "string" },
   });
   if (values.help) {
-    console.log(healthcheckUsage);
+    print(io, healthcheckUsage);
     return 0;
   }
-  const rawPort = (values.port as string | undefined) ?? process.env.OUTBOX_HTTP_PORT;
+  const rawPort = (values.port as string | undefined) ?? io.env.OUTBOX_HTTP_PORT;
   if (rawPort === undefined || rawPort === "") {
-    console.error(
+    printError(
+      io,
       "outbox-worker healthcheck: no port: pass --port N or set OUTBOX_HTTP_PORT (the port `run` serves /readyz on)",
     );
     return 2;
@@ -46,7 +48,7 @@ export async function healthcheckCommand(argv: string[]): Promise<number> {
   if (rawTimeout !== undefined && (!/^\d+$/.test(rawTimeout) || timeoutMs < 1)) {
     throw new UsageError(`--timeout-ms must be a positive whole number, got ${JSON.stringify(rawTimeout)}`);
   }
-  const host = hostFrom(values.host as string | undefined);
+  const host = hostFrom(values.host as string | undefined, io.env);
   const path = values.liveness ? "/healthz" : "/readyz";
   const url = `http://${host.includes(":") ? `[${host}]` : host}:${port}${path}`;
 
@@ -61,24 +63,25 @@ export async function healthcheckCommand(argv: string[]): Promise<number> {
     status = response.status;
     body = await response.text();
   } catch (error) {
-    console.error(`outbox-worker healthcheck: ${url}: ${describeFetchError(error, timeoutMs)}`);
+    printError(io, `outbox-worker healthcheck: ${url}: ${describeFetchError(error, timeoutMs)}`);
     return 1;
   }
   if (status === 200) {
-    console.log(`${path === "/readyz" ? "ready" : "alive"}: ${url} answered 200`);
+    print(io, `${path === "/readyz" ? "ready" : "alive"}: ${url} answered 200`);
     return 0;
   }
   const failing = path === "/readyz" ? failingChecks(body) : undefined;
-  console.error(
+  printError(
+    io,
     `outbox-worker healthcheck: ${path === "/readyz" ? "not ready" : "not alive"}: ${url} answered ${status}${failing ? `: ${failing}` : ""}`,
   );
   return 1;
 }
 
-function hostFrom(flag: string | undefined): string {
+function hostFrom(flag: string | undefined, env: NodeJS.ProcessEnv): string {
   if (flag !== undefined && flag !== "") return flag.replace(/^\[(.*)\]$/, "$1");
-  const env = process.env.OUTBOX_HTTP_HOST?.trim() ?? "";
-  return WILDCARDS.has(env) ? "127.0.0.1" : env.replace(/^\[(.*)\]$/, "$1");
+  const host = env.OUTBOX_HTTP_HOST?.trim() ?? "";
+  return WILDCARDS.has(host) ? "127.0.0.1" : host.replace(/^\[(.*)\]$/, "$1");
 }
 
 /** Why fetch failed, in a few words: a timeout, or the network error beneath undici's "fetch failed". */

@@ -2,6 +2,7 @@ import { migrate, printMigrations } from "../migrate/migrator.js";
 import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
 import { redactConnectionString } from "../util/redact.js";
 import { databaseUrlFrom, parseCommandArgs, UsageError } from "./args.js";
+import { type CliIo, print } from "./io.js";
 
 export const migrateUsage = `Usage: outbox-worker migrate [--schema NAME] [--database-url URL] [--print]
 
@@ -13,32 +14,33 @@ Options:
   --print              print the SQL instead of running it (for your own migration tool)
   -h, --help           show this help`;
 
-export async function migrateCommand(argv: string[]): Promise<number> {
+export async function migrateCommand(argv: string[], io: CliIo): Promise<number> {
   const { values } = parseCommandArgs(argv, {
     schema: { type: "string" },
     "database-url": { type: "string" },
     print: { type: "boolean" },
   });
   if (values.help) {
-    console.log(migrateUsage);
+    print(io, migrateUsage);
     return 0;
   }
   // Checked before anything else, so a hostile name never reaches a connection.
   const schema = validateSchemaName(
-    (values.schema as string | undefined) ?? process.env.OUTBOX_SCHEMA ?? DEFAULT_SCHEMA,
+    (values.schema as string | undefined) ?? io.env.OUTBOX_SCHEMA ?? DEFAULT_SCHEMA,
   );
   if (values.print) {
-    process.stdout.write(await printMigrations({ schema }));
+    io.stdout(await printMigrations({ schema }));
     return 0;
   }
-  const url = databaseUrlFrom(values["database-url"]);
+  const url = databaseUrlFrom(values["database-url"], io.env);
   if (!url) throw new UsageError("no database: set DATABASE_URL or pass --database-url");
   const result = await migrate({
     connection: url,
     schema,
-    onApplied: (m) => console.log(`applied ${m.name}`),
+    onApplied: (m) => print(io, `applied ${m.name}`),
   });
-  console.log(
+  print(
+    io,
     result.applied.length === 0
       ? `schema "${result.schema}" is up to date (version ${result.version}) on ${redactConnectionString(url)}`
       : `schema "${result.schema}" migrated to version ${result.version} on ${redactConnectionString(url)}`,

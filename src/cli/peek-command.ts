@@ -2,6 +2,7 @@ import { MAX_LIMIT, MESSAGE_STATES, type MessageState, peekMessages } from "../i
 import { DEFAULT_SCHEMA } from "../sql/names.js";
 import { parseCommandArgs, UsageError, withDatabase } from "./args.js";
 import { cell, formatAge, jsonCell, printJson, renderTable } from "./format.js";
+import { type CliIo, print } from "./io.js";
 
 export const peekUsage = `Usage: outbox-worker peek [--queue Q] [--state STATE] [--limit N] [--json]
                          [--schema NAME] [--database-url URL]
@@ -41,7 +42,7 @@ function parseState(raw: string | boolean | undefined): MessageState | undefined
   return state;
 }
 
-export async function peekCommand(argv: string[]): Promise<number> {
+export async function peekCommand(argv: string[], io: CliIo): Promise<number> {
   const { values, positionals } = parseCommandArgs(argv, {
     queue: { type: "string" },
     state: { type: "string" },
@@ -51,7 +52,7 @@ export async function peekCommand(argv: string[]): Promise<number> {
     "database-url": { type: "string" },
   });
   if (values.help) {
-    console.log(peekUsage);
+    print(io, peekUsage);
     return 0;
   }
   if (positionals.length > 0) throw new UsageError(`unexpected argument ${JSON.stringify(positionals[0])}`);
@@ -60,17 +61,18 @@ export async function peekCommand(argv: string[]): Promise<number> {
     state: parseState(values.state),
     limit: parseLimit(values.limit),
   };
-  return withDatabase(values, "outbox-peek", async (client, schema) => {
+  return withDatabase(values, io.env, "outbox-peek", async (client, schema) => {
     const rows = await peekMessages(client, schema, options);
     if (values.json) {
-      printJson(rows);
+      printJson(io, rows);
       return 0;
     }
     if (rows.length === 0) {
-      console.log("no messages");
+      print(io, "no messages");
       return 0;
     }
-    console.log(
+    print(
+      io,
       renderTable(
         [
           { header: "ID", align: "right" },

@@ -5,6 +5,7 @@ import { startService } from "../service/service.js";
 import { StartupError } from "../service/startup.js";
 import { redactConnectionString } from "../util/redact.js";
 import { parseCommandArgs, UsageError } from "./args.js";
+import { type CliIo, print, printError } from "./io.js";
 
 export const runUsage = `Usage: outbox-worker run [--config FILE] [--handlers MODULE] [options]
 
@@ -22,7 +23,7 @@ Options (each also settable in the config file and the environment; see README "
   --migrate            apply migrations before starting (OUTBOX_MIGRATE)
   -h, --help           show this help`;
 
-export async function runCommand(argv: string[]): Promise<number> {
+export async function runCommand(argv: string[], io: CliIo): Promise<number> {
   const { values } = parseCommandArgs(argv, {
     config: { type: "string" },
     handlers: { type: "string" },
@@ -33,7 +34,7 @@ export async function runCommand(argv: string[]): Promise<number> {
     migrate: { type: "boolean" },
   });
   if (values.help) {
-    console.log(runUsage);
+    print(io, runUsage);
     return 0;
   }
   const port = values["http-port"];
@@ -43,7 +44,8 @@ export async function runCommand(argv: string[]): Promise<number> {
   let config: Awaited<ReturnType<typeof loadServiceConfig>>;
   try {
     config = await loadServiceConfig({
-      file: (values.config as string | undefined) ?? process.env.OUTBOX_CONFIG,
+      file: (values.config as string | undefined) ?? io.env.OUTBOX_CONFIG,
+      env: io.env,
       overrides: {
         handlers: values.handlers,
         databaseUrl: values["database-url"],
@@ -55,7 +57,7 @@ export async function runCommand(argv: string[]): Promise<number> {
     });
   } catch (error) {
     if (error instanceof ConfigError) {
-      console.error(`outbox-worker run: ${error.message}`);
+      printError(io, `outbox-worker run: ${error.message}`);
       return 2;
     }
     throw error;
@@ -84,13 +86,13 @@ export async function runCommand(argv: string[]): Promise<number> {
   } catch (error) {
     // No database to use (the Docker image has no embedded Postgres): a config error, not a failure.
     if (error instanceof ConfigError || error instanceof EmbeddedPostgresNotInstalledError) {
-      console.error(`outbox-worker run: ${error.message}`);
+      printError(io, `outbox-worker run: ${error.message}`);
       return 2;
     }
     if (error instanceof StartupError || error instanceof EmbeddedPostgresError) {
       // One line says what to fix; a stack trace would only bury it.
       log.fatal({ reason: error.message }, "could not start");
-      console.error(`outbox-worker run: ${error.message}`);
+      printError(io, `outbox-worker run: ${error.message}`);
       return 1;
     }
     log.fatal({ err: error }, "could not start");

@@ -3,6 +3,7 @@ import { describeTableHealth, tableHealth } from "../inspect/table-health.js";
 import { DEFAULT_SCHEMA } from "../sql/names.js";
 import { parseCommandArgs, UsageError, withDatabase } from "./args.js";
 import { cell, formatAge, printJson, renderTable } from "./format.js";
+import { type CliIo, print } from "./io.js";
 
 export const statusUsage = `Usage: outbox-worker status [--schema NAME] [--database-url URL] [--json]
 
@@ -17,31 +18,32 @@ Options:
   --json               print a JSON array, one object per queue, ages in seconds
   -h, --help           show this help`;
 
-export async function statusCommand(argv: string[]): Promise<number> {
+export async function statusCommand(argv: string[], io: CliIo): Promise<number> {
   const { values, positionals } = parseCommandArgs(argv, {
     schema: { type: "string" },
     "database-url": { type: "string" },
     json: { type: "boolean" },
   });
   if (values.help) {
-    console.log(statusUsage);
+    print(io, statusUsage);
     return 0;
   }
   if (positionals.length > 0) throw new UsageError(`unexpected argument ${JSON.stringify(positionals[0])}`);
-  return withDatabase(values, "outbox-status", async (client, schema) => {
+  return withDatabase(values, io.env, "outbox-status", async (client, schema) => {
     const rows = await queueStatus(client, schema);
     if (values.json) {
-      printJson(rows);
+      printJson(io, rows);
       return 0;
     }
     const health = await tableHealth(client, schema);
     if (rows.length === 0) {
-      console.log("no messages");
-      if (health) console.log(describeTableHealth(health));
+      print(io, "no messages");
+      if (health) print(io, describeTableHealth(health));
       return 0;
     }
     const right = "right" as const;
-    console.log(
+    print(
+      io,
       renderTable(
         [
           { header: "QUEUE" },
@@ -65,7 +67,8 @@ export async function statusCommand(argv: string[]): Promise<number> {
     );
     const workers = await workerLeases(client, schema);
     if (workers.length > 0) {
-      console.log(
+      print(
+        io,
         `\n${renderTable(
           [
             { header: "WORKER" },
@@ -82,7 +85,7 @@ export async function statusCommand(argv: string[]): Promise<number> {
         )}`,
       );
     }
-    if (health) console.log(describeTableHealth(health));
+    if (health) print(io, describeTableHealth(health));
     return 0;
   });
 }

@@ -1,7 +1,17 @@
-import { type ChildProcess, spawn } from "node:child_process";
+import { type ChildProcess, execFile, spawn } from "node:child_process";
 import path from "node:path";
+import { promisify } from "node:util";
 
-/** The CLI as a real process (node with tsx as a loader, so signals reach the process itself). */
+const exec = promisify(execFile);
+
+/**
+ * The built CLI, dist/cli/main.js, which the global setup builds once per run (test/setup/global-setup.ts).
+ * Plain node, no loader: it starts far faster than the sources under tsx. A TypeScript handlers or config
+ * module gets the project's tsx from the CLI itself (src/service/user-module.ts), as an installed CLI does.
+ */
+export const BUILT_CLI = path.resolve("dist/cli/main.js");
+
+/** The CLI as a real process (plain node on the build, so signals reach the process itself). */
 export interface CliProcess {
   child: ChildProcess;
   output(): string;
@@ -11,16 +21,11 @@ export interface CliProcess {
 }
 
 export function startCli(args: string[], env: Record<string, string | undefined>, cwd?: string): CliProcess {
-  // The loader by absolute URL: a test may run the CLI from a folder where "tsx" does not resolve.
-  const child = spawn(
-    process.execPath,
-    ["--import", import.meta.resolve("tsx"), path.resolve("src/cli/main.ts"), ...args],
-    {
-      cwd,
-      env: { ...process.env, DATABASE_URL: undefined, ...env },
-      stdio: ["ignore", "pipe", "pipe"],
-    },
-  );
+  const child = spawn(process.execPath, [BUILT_CLI, ...args], {
+    cwd,
+    env: { ...process.env, DATABASE_URL: undefined, ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
   let out = "";
   const listeners = new Set<() => void>();
   const onData = (chunk: Buffer) => {
@@ -79,4 +84,23 @@ export function serviceEnv(
     OUTBOX_MAX_POLL_INTERVAL_MS: "200",
     ...more,
   };
+}
+
+/** The built CLI run to its end in a child process (`execFile`); never throws on a non-zero exit. */
+export async function execCli(
+  args: string[],
+  env: Record<string, string | undefined>,
+  options: { cwd?: string; timeoutMs?: number } = {},
+): Promise<{ code: number; stdout: string; stderr: string }> {
+  try {
+    const { stdout, stderr } = await exec(process.execPath, [BUILT_CLI, ...args], {
+      cwd: options.cwd,
+      env: { ...process.env, DATABASE_URL: undefined, ...env },
+      timeout: options.timeoutMs ?? 60_000,
+    });
+    return { code: 0, stdout, stderr };
+  } catch (error) {
+    const e = error as { code: number; stdout: string; stderr: string };
+    return { code: e.code, stdout: e.stdout, stderr: e.stderr };
+  }
 }

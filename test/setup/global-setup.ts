@@ -1,3 +1,4 @@
+import { execFile } from "node:child_process";
 import { chmod, mkdtemp, rm, stat } from "node:fs/promises";
 import { request } from "node:http";
 import { homedir, tmpdir } from "node:os";
@@ -21,10 +22,20 @@ interface TestDatabase {
 export default async function setup({ provide }: TestProject): Promise<() => Promise<void>> {
   // First, so that every temp folder of the run (the embedded test database's too) lands in its folder.
   const guard = await startTempGuard();
+  // The build runs while the database starts; both must be there before any test file runs.
+  const built = build();
   let db: TestDatabase;
   try {
     db = await startTestDatabase();
   } catch (error) {
+    await built.catch(() => {});
+    await guard.check().catch(() => {});
+    throw error;
+  }
+  try {
+    await built;
+  } catch (error) {
+    await db.stop().catch(() => {});
     await guard.check().catch(() => {});
     throw error;
   }
@@ -37,6 +48,25 @@ export default async function setup({ provide }: TestProject): Promise<() => Pro
       await guard.check();
     }
   };
+}
+
+/**
+ * `npm run build` into dist/, once per run: the package tests load it as an installed copy, and the
+ * tests that need the CLI as a real process (signals, graceful stop, exit timing, the embedded server)
+ * run `node dist/cli/main.js`, which starts far faster than the sources under tsx. Every other CLI test
+ * calls main(argv, io) in-process (test/helpers/cli-in-process.ts).
+ */
+function build(): Promise<void> {
+  const started = Date.now();
+  return new Promise((resolve, reject) => {
+    execFile("npm", ["run", "-s", "build"], { timeout: 170_000 }, (error, stdout, stderr) => {
+      if (error) reject(new Error(`npm run build failed: ${error.message}\n${stdout}${stderr}`));
+      else {
+        console.log(`built dist/ in ${Date.now() - started} ms`);
+        resolve();
+      }
+    });
+  });
 }
 
 async function startTestDatabase(): Promise<TestDatabase> {
