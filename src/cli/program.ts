@@ -1,5 +1,5 @@
 import { readFileSync } from "node:fs";
-import { OutboxConfigError } from "../errors.js";
+import { OutboxConfigError } from "../contract/errors.js";
 import { registerSecrets, registerUrlSecrets, scrubSecrets } from "../util/redact.js";
 import { UsageError } from "./args.js";
 import { type CliIo, print, printError } from "./io.js";
