@@ -348,7 +348,7 @@ async function latencySection() {
       `${P.latencySeconds} s from a pool of 4; time from the producer's commit returning to the handler starting, in one ` +
       "process (one clock; a handler that starts before its producer saw COMMIT return counts as 0). Producers: " +
       "this project `BEGIN; publish(); COMMIT` (default throttled wake-ups), graphile-worker `addJob`, pg-boss `send`. " +
-      `Poll-only intervals: this project's default adaptive 100–2000 ms, graphile-worker ${GRAPHILE_POLL_ONLY_INTERVAL_MS} ms, ` +
+      `Poll-only intervals: this project's default minPollIntervalMs, 100 ms (without wake-ups it does not back off), graphile-worker ${GRAPHILE_POLL_ONLY_INTERVAL_MS} ms, ` +
       `pg-boss ${PGBOSS_POLL_SECONDS} s (its minimum).`,
   );
   say();
