@@ -203,12 +203,18 @@ describe("a holder whose lease was taken over writes nothing", () => {
     );
     expect(before).toHaveLength(2);
 
+    const lostOnRelease: { id: string; phase: string }[] = [];
+    a.on("lease_lost", (e) => lostOnRelease.push({ id: e.id, phase: e.phase }));
     const released = nextEvent<{ count: number }>(a, "released");
     const stopping = a.stop({ timeoutMs: 5000 });
     const releasedCount = (await released).count;
     running.open();
     expect(releasedCount).toBe(2);
     expect(await stopping).toEqual({ drained: true, released: 2, abandoned: [] });
+    // The two it could not hand back are reported as lost to their new owner, not as released.
+    expect(lostOnRelease.sort((x, y) => Number(x.id) - Number(y.id))).toEqual(
+      taken.map((id) => ({ id, phase: "release" })).sort((x, y) => Number(x.id) - Number(y.id)),
+    );
 
     const { rows: after } = await db.pool.query(
       `SELECT id::text, acquired_token::text AS token, deliveries_count FROM ${db.names.messages}

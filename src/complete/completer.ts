@@ -11,6 +11,8 @@ import { backoffDelay } from "../retry/strategies.js";
 
 export type { Outcome };
 
+const SETTLED = { ack: "acked", retry: "retried", dead: "dead" } as const;
+
 export interface CompleterDeps {
   store: Pick<LeaseStore, "ack" | "retry" | "deadLetter">;
   /** The outcome's write landed (the delivery is already settled). */
@@ -120,7 +122,7 @@ export class Completer {
           kinds.delete(kind);
           for (const o of items) {
             if (written.has(o.held)) {
-              settle(o.held);
+              settle(o.held, SETTLED[o.kind]);
               this.deps.landed(o);
             } else this.deps.lost(o);
           }

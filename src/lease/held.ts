@@ -8,16 +8,30 @@ import type { Delivery } from "./store.js";
  *   –                             leased by a fetch                                  queued      heldRows
  *   queued                        a dispatch loop starts its handler                 running     startRunning
  *   queued, running               an outcome is decided (handler or no handler)      completing  startCompleting
- *   completing                    the outcome's write landed                         done        settle
- *   queued                        a graceful stop handed it back                     done        settle
+ *   completing                    its ack / retry / dead-letter write landed         acked,      settle
+ *                                                                                    retried, dead
+ *   queued                        a graceful stop handed it back                     released    settle
  *   queued, running, completing   a write or a renewal found another token           lost        lose
  *   running                       the stop timeout aborted its handler               lost        lose
- *   done, lost                    anything                                           (final: late events change nothing)
+ *   acked … lost                  anything                                           (final: late events change nothing)
  *
  * `writing` is orthogonal: a completion statement for it is in flight, so the heartbeat leaves it alone
  * (a renewal racing a DELETE would report the row as lost).
  */
-export type HeldState = "queued" | "running" | "completing" | "done" | "lost";
+export type HeldState =
+  | "queued"
+  | "running"
+  | "completing"
+  | "acked"
+  | "retried"
+  | "dead"
+  | "released"
+  | "lost";
+
+/** The final states a write that landed leaves a delivery in. */
+export type SettledState = "acked" | "retried" | "dead" | "released";
+
+const FINAL: ReadonlySet<HeldState> = new Set(["acked", "retried", "dead", "released", "lost"]);
 
 /** A delivery this worker holds, from its fetch until its outcome lands (or the lease is lost). */
 export interface HeldRow extends Delivery {
@@ -46,7 +60,7 @@ export function heldRows(token: string, rows: readonly LeasedRow[]): HeldRow[] {
 
 /** True while the delivery is still ours and unfinished. */
 export function isLive(held: HeldRow): boolean {
-  return held.state !== "done" && held.state !== "lost";
+  return !FINAL.has(held.state);
 }
 
 export function startRunning(held: HeldRow, at: number): boolean {
@@ -63,9 +77,10 @@ export function startCompleting(held: HeldRow): boolean {
   return true;
 }
 
-/** Its outcome landed, or it was handed back: nothing more to do for it. */
-export function settle(held: HeldRow): void {
-  if (isLive(held)) (held as Mutable).state = "done";
+/** Its outcome landed (from completing), or it was handed back (from queued): nothing more to do for it. */
+export function settle(held: HeldRow, to: SettledState): void {
+  const from = to === "released" ? "queued" : "completing";
+  if (held.state === from) (held as Mutable).state = to;
 }
 
 /** Another worker owns the row now (or the stop gave up on it): abort its handler. False if already final. */

@@ -226,7 +226,12 @@ export function createEngine(deps: EngineDeps): Engine {
       try {
         const back = await store.release(rows);
         for (const h of rows) {
-          settle(h);
+          // Not handed back: another worker took the row over while it waited here.
+          if (!back.has(h)) {
+            forget(h, "release");
+            continue;
+          }
+          settle(h, "released");
           held.delete(h);
         }
         emitter.emit("released", { count: back.count });

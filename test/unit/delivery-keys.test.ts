@@ -53,7 +53,7 @@ describe("delivery keys", () => {
     await flushed;
     expect(landed).toEqual([fresh]);
     expect(lost).toEqual([old]);
-    expect([fresh.state, table.rows.size]).toEqual(["done", 0]);
+    expect([fresh.state, old.state, table.rows.size]).toEqual(["acked", "completing", 0]);
   });
 
   it("the heartbeat keeps the delivery whose (id, token) was renewed and reports the other one lost", async () => {
