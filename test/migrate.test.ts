@@ -95,6 +95,91 @@ describe("migrate", () => {
     expect(state).toMatchObject({ applied: [1], pending: [2], current: false });
   });
 
+  it("runs a no-transaction file statement by statement, so CREATE INDEX CONCURRENTLY works, once", async () => {
+    const schema = db.freshSchema("conc");
+    const files = {
+      "0001_table.sql":
+        "CREATE TABLE {{schema}}.t (n int, k text); INSERT INTO {{schema}}.t SELECT g, 'k' FROM generate_series(1, 1000) g;",
+      "0002_index.sql":
+        "-- outbox:no-transaction\n-- a comment; with a semicolon\nCREATE INDEX CONCURRENTLY IF NOT EXISTS t_k_idx ON {{schema}}.t (k);\nCREATE INDEX CONCURRENTLY IF NOT EXISTS t_n_idx ON {{schema}}.t (n);\n",
+    };
+    const dir = await migrationsDir(files);
+    // In a transaction (as every other file runs) this fails: "cannot run inside a transaction block".
+    const result = await migrate({ connection: db.pool, schema, migrationsDir: dir });
+    expect(result.applied.map((m) => m.version)).toEqual([1, 2]);
+    const { rows } = await db.pool.query(
+      `SELECT c.relname AS name, i.indisvalid AS valid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+       JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND i.indrelid = to_regclass($2) ORDER BY 1`,
+      [schema, `"${schema}".t`],
+    );
+    expect(rows).toEqual([
+      { name: "t_k_idx", valid: true },
+      { name: "t_n_idx", valid: true },
+    ]);
+    expect((await migrate({ connection: db.pool, schema, migrationsDir: dir })).applied).toEqual([]);
+    const printed = await printMigrations({ schema, migrationsDir: dir });
+    const block = printed.slice(printed.indexOf("-- 0002_index"));
+    expect(block).toContain("-- runs outside a transaction, one statement at a time");
+    expect(block).not.toContain("BEGIN;");
+  });
+
+  it("rebuilds an index a concurrent build left INVALID when it crashed halfway", async () => {
+    const schema = db.freshSchema("crash");
+    const dir = await migrationsDir({
+      "0001_table.sql":
+        "CREATE TABLE {{schema}}.t (n int); INSERT INTO {{schema}}.t SELECT generate_series(1, 100);",
+      "0002_index.sql":
+        "-- outbox:no-transaction\nCREATE INDEX CONCURRENTLY IF NOT EXISTS t_n_idx ON {{schema}}.t (n);\n",
+    });
+    await migrate({ connection: db.pool, schema, migrationsDir: dir });
+    await db.pool.query(`DROP INDEX "${schema}".t_n_idx`);
+    await db.pool.query(`DELETE FROM ${`"${schema}".schema_migrations`} WHERE version = 2`);
+    // A crash halfway: a concurrent build waits for an open transaction, and is cancelled while it waits.
+    const holder = new pg.Client({ connectionString: db.url });
+    const builder = new pg.Client({ connectionString: db.url });
+    await Promise.all([holder.connect(), builder.connect()]);
+    try {
+      await holder.query("BEGIN ISOLATION LEVEL REPEATABLE READ");
+      await holder.query(`SELECT count(*) FROM "${schema}".t`);
+      const pid = (await builder.query("SELECT pg_backend_pid() AS pid")).rows[0].pid;
+      const build = builder
+        .query(`CREATE INDEX CONCURRENTLY t_n_idx ON "${schema}".t (n)`)
+        .catch((e: Error) => e);
+      const waiting = async () =>
+        (await db.pool.query("SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", [pid])).rows[0]
+          ?.wait_event_type === "Lock";
+      for (let i = 0; i < 200 && !(await waiting()); i++) await new Promise((r) => setTimeout(r, 10));
+      await db.pool.query("SELECT pg_cancel_backend($1)", [pid]);
+      expect(String(await build)).toMatch(/cancel/);
+      await holder.query("ROLLBACK");
+    } finally {
+      await Promise.all([holder.end(), builder.end()]);
+    }
+    const valid = async () =>
+      (
+        await db.pool.query(
+          `SELECT i.indisvalid AS valid FROM pg_index i WHERE i.indexrelid = to_regclass($1)`,
+          [`"${schema}".t_n_idx`],
+        )
+      ).rows[0]?.valid;
+    expect(await valid()).toBe(false);
+    // IF NOT EXISTS alone would skip the broken index: the migrator drops it and builds it again.
+    expect(
+      (await migrate({ connection: db.pool, schema, migrationsDir: dir })).applied.map((m) => m.version),
+    ).toEqual([2]);
+    expect(await valid()).toBe(true);
+  });
+
+  it("refuses dollar quoting in a no-transaction file (it is split at semicolons)", async () => {
+    const dir = await migrationsDir({
+      "0001_fn.sql":
+        "-- outbox:no-transaction\nCREATE FUNCTION {{schema}}.f() RETURNS int AS $$ SELECT 1; $$ LANGUAGE sql;\n",
+    });
+    await expect(
+      migrate({ connection: db.pool, schema: db.freshSchema("dollar"), migrationsDir: dir }),
+    ).rejects.toThrow(/must not use dollar quoting/);
+  });
+
   it("lets many processes start at once: each file runs exactly once", async () => {
     const schema = db.freshSchema("race");
     const dir = await migrationsDir({

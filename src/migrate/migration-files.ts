@@ -11,7 +11,15 @@ export interface MigrationFile {
   /** sha256 of the file with line endings normalised, so a CRLF checkout does not look like drift. */
   checksum: string;
   template: string;
+  /**
+   * Marked `-- outbox:no-transaction` on its first line: its statements run one by one outside a transaction
+   * (what `CREATE INDEX CONCURRENTLY` needs, so a live outbox keeps taking writes). Such a file must be safe
+   * to re-run after a crash halfway: every statement idempotent (`IF NOT EXISTS`), no dollar quoting.
+   */
+  noTransaction: boolean;
 }
+
+const NO_TRANSACTION = /^-- outbox:no-transaction[ \t]*$/m;
 
 /** Resolves from both src/migrate (tsx) and dist/migrate (built): the folder sits at the package root. */
 export const MIGRATIONS_DIR = fileURLToPath(new URL("../../migrations/", import.meta.url));
@@ -31,11 +39,18 @@ export async function loadMigrationFiles(dir: string = MIGRATIONS_DIR): Promise<
     if (files.some((f) => f.version === version)) {
       throw new MigrationError(`two migration files have version ${version}`);
     }
+    const noTransaction = NO_TRANSACTION.test(template.split("\n", 1)[0] ?? "");
+    if (noTransaction && template.includes("$")) {
+      throw new MigrationError(
+        `migration file "${entry}" runs outside a transaction and so is split into statements at ";": it must not use dollar quoting`,
+      );
+    }
     files.push({
       version,
       name: entry.replace(/\.sql$/, ""),
       checksum: createHash("sha256").update(template).digest("hex"),
       template,
+      noTransaction,
     });
   }
   if (files.length === 0) throw new MigrationError(`no migration files in ${dir}`);
@@ -47,4 +62,15 @@ export function renderMigration(file: MigrationFile, names: OutboxNames): string
   return file.template
     .replaceAll("{{schema}}", names.quotedSchema)
     .replaceAll("{{channel}}", quoteLiteral(names.channel));
+}
+
+/** A no-transaction migration's statements, one per query (comments dropped, empty ones skipped). */
+export function migrationStatementsOf(sql: string): string[] {
+  return sql
+    .split("\n")
+    .filter((line) => !/^\s*--/.test(line))
+    .join("\n")
+    .split(";")
+    .map((statement) => statement.trim())
+    .filter((statement) => statement.length > 0);
 }

@@ -2,7 +2,12 @@ import pg from "pg";
 import { MigrationError } from "../contract/errors.js";
 import { type AppliedMigrationRow, migrationStatements } from "../sql/migrations.js";
 import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
-import { loadMigrationFiles, type MigrationFile, renderMigration } from "./migration-files.js";
+import {
+  loadMigrationFiles,
+  type MigrationFile,
+  migrationStatementsOf,
+  renderMigration,
+} from "./migration-files.js";
 
 /** Where and what {@link migrate} applies. */
 export interface MigrateOptions {
@@ -80,13 +85,10 @@ export async function migrate(options: MigrateOptions): Promise<MigrateResult> {
       checkApplied(files, done, names.schema);
       for (const file of files) {
         if (done.some((row) => row.version === file.version)) continue;
-        await client.query("BEGIN");
         try {
-          await client.query(renderMigration(file, names));
-          await client.query(sql.record, [file.version, file.name, file.checksum]);
-          await client.query("COMMIT");
+          if (file.noTransaction) await applyWithoutTransaction(client, file, names, sql);
+          else await applyInTransaction(client, file, names, sql);
         } catch (error) {
-          await client.query("ROLLBACK").catch(() => {});
           throw new MigrationError(
             `migration ${file.name} failed on schema "${names.schema}": ${String(error)}`,
             {
@@ -105,6 +107,42 @@ export async function migrate(options: MigrateOptions): Promise<MigrateResult> {
   }
   const version = Math.max(...files.map((f) => f.version));
   return { schema: names.schema, applied, version };
+}
+
+type Statements = ReturnType<typeof migrationStatements>;
+type Names = ReturnType<typeof outboxNames>;
+
+async function applyInTransaction(client: pg.ClientBase, file: MigrationFile, names: Names, sql: Statements) {
+  await client.query("BEGIN");
+  try {
+    await client.query(renderMigration(file, names));
+    await client.query(sql.record, [file.version, file.name, file.checksum]);
+    await client.query("COMMIT");
+  } catch (error) {
+    await client.query("ROLLBACK").catch(() => {});
+    throw error;
+  }
+}
+
+/**
+ * One statement at a time, outside a transaction, so `CREATE INDEX CONCURRENTLY` can build while producers
+ * keep writing; recorded only when every statement succeeded. A build that crashed halfway leaves an INVALID
+ * index that `IF NOT EXISTS` would skip: those in the outbox schema are dropped first (concurrently too), so a
+ * re-run rebuilds them. The session's advisory lock keeps two migrators from doing this at once.
+ */
+async function applyWithoutTransaction(
+  client: pg.ClientBase,
+  file: MigrationFile,
+  names: Names,
+  sql: Statements,
+) {
+  const { rows } = await client.query<{ name: string }>(sql.invalidIndexes);
+  for (const { name } of rows) {
+    const quoted = `"${name.replaceAll('"', '""')}"`;
+    await client.query(`DROP INDEX CONCURRENTLY IF EXISTS ${names.quotedSchema}.${quoted}`);
+  }
+  for (const statement of migrationStatementsOf(renderMigration(file, names))) await client.query(statement);
+  await client.query(sql.record, [file.version, file.name, file.checksum]);
 }
 
 /** Which migrations a database has, as {@link migrationState} reads it. */
@@ -151,17 +189,19 @@ export async function printMigrations(
   const files = await loadMigrationFiles(options.migrationsDir);
   const sql = migrationStatements(names);
   const parts = [
-    `-- outbox schema "${names.schema}": ${files.length} migration(s). Each block is one transaction.`,
+    `-- outbox schema "${names.schema}": ${files.length} migration(s). Each block is one transaction, unless it says otherwise.`,
     `${sql.createSchema};`,
     `${sql.createTable};`,
   ];
   for (const file of files) {
+    const body = renderMigration(file, names).trimEnd();
+    const record = `${sql.recordLiteral(file.version, file.name, file.checksum)};`;
     parts.push(
       `\n-- ${file.name} (sha256 ${file.checksum})`,
-      "BEGIN;",
-      renderMigration(file, names).trimEnd(),
-      `${sql.recordLiteral(file.version, file.name, file.checksum)};`,
-      "COMMIT;",
+      // CREATE INDEX CONCURRENTLY cannot run inside a transaction block: these run statement by statement.
+      ...(file.noTransaction
+        ? ["-- runs outside a transaction, one statement at a time", body, record]
+        : ["BEGIN;", body, record, "COMMIT;"]),
     );
   }
   return `${parts.join("\n")}\n`;

@@ -27,6 +27,11 @@ export function migrationStatements(names: OutboxNames) {
     /** Null when the table does not exist yet (a read-only check must not create it). */
     tableExists: `SELECT to_regclass(${quoteLiteral(`${names.quotedSchema}.schema_migrations`)}) IS NOT NULL AS exists`,
     applied: `SELECT version, name, checksum, applied_at FROM ${names.migrationsTable} ORDER BY version`,
+    /** Indexes of the schema left INVALID by a concurrent build that failed or was cancelled. */
+    invalidIndexes: `SELECT c.relname AS name FROM pg_index AS i
+JOIN pg_class AS c ON c.oid = i.indexrelid
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = ${schemaLiteral} AND NOT i.indisvalid`,
     /** $1 version, $2 name, $3 checksum */
     record: `INSERT INTO ${names.migrationsTable} (version, name, checksum) VALUES ($1, $2, $3)`,
     recordLiteral(version: number, name: string, checksum: string): string {
