@@ -14,7 +14,7 @@ export type { Outcome };
 const SETTLED = { ack: "acked", retry: "retried", dead: "dead" } as const;
 
 export interface CompleterDeps {
-  store: Pick<LeaseStore, "ack" | "retry" | "deadLetter">;
+  store: Pick<LeaseStore, "ack" | "retry" | "deadLetter" | "whereabouts">;
   /** The outcome's write landed (the delivery is already settled). */
   landed(outcome: Outcome): void;
   lost(outcome: Outcome): void;
@@ -113,15 +113,19 @@ export class Completer {
       if (items) items.push(o);
       else kinds.set(o.kind, [o]);
     }
+    let retrying = false;
     for (;;) {
       // Each kind is one statement on rows the others don't touch, so they run side by side. A kind that
       // landed is not written again when another fails: a repeat would find its rows gone and call them lost.
       const results = await Promise.allSettled(
         [...kinds].map(async ([kind, items]) => {
           const written = await this.#run(kind, items);
+          // After a failed attempt, a delivery this attempt missed may be one the failed attempt wrote
+          // (committed, answer lost): the row's fate tells it from one another worker took over.
+          const earlier = retrying ? await this.#landedEarlier(kind, items, written) : undefined;
           kinds.delete(kind);
           for (const o of items) {
-            if (written.has(o.held)) {
+            if (written.has(o.held) || earlier?.has(o)) {
               settle(o.held, SETTLED[o.kind]);
               this.deps.landed(o);
             } else this.deps.lost(o);
@@ -134,6 +138,7 @@ export class Completer {
         return;
       }
       this.#failures++;
+      retrying = true;
       const error = failure.reason instanceof Error ? failure.reason : new Error(String(failure.reason));
       this.deps.onError(error, this.#failures);
       if (this.#failures >= this.deps.maxConsecutiveFailures) {
@@ -146,6 +151,18 @@ export class Completer {
       );
       if (this.#stopped) return;
     }
+  }
+
+  /**
+   * The outcomes among `items` that `written` missed but whose row shows this kind's write: an ack's row is
+   * gone, a dead letter's is in dead_letters, a retry's is unleased. A row under another token was taken over.
+   */
+  async #landedEarlier(kind: Outcome["kind"], items: Outcome[], written: Landed): Promise<Set<Outcome>> {
+    const missed = items.filter((o) => !written.has(o.held));
+    if (missed.length === 0) return new Set();
+    const fates = await this.deps.store.whereabouts(missed.map((o) => o.held));
+    const shows = { ack: "gone", retry: "unleased", dead: "dead" } as const;
+    return new Set(missed.filter((_, i) => fates[i] === shows[kind]));
   }
 
   #run(kind: Outcome["kind"], items: Outcome[]): Promise<Landed> {

@@ -8,6 +8,7 @@ import {
   type Landed,
   type LeaseStore,
   type RetryWrite,
+  type RowFate,
 } from "./store.js";
 
 /** A row of the in-memory `messages` table: what the fetch statement and the writes read and set. */
@@ -215,6 +216,15 @@ export class MemoryLeaseStore implements LeaseStore {
         row.deliveries = Math.max(row.deliveries - 1, 0);
       },
     );
+  }
+
+  async whereabouts(deliveries: readonly Delivery[]): Promise<RowFate[]> {
+    return deliveries.map((d) => {
+      const row = this.#table.rows.get(d.id);
+      if (row === undefined) return this.#table.deadLetters.has(d.id) ? "dead" : "gone";
+      if (row.token === null) return "unleased";
+      return row.token === d.token ? "held" : "taken";
+    });
   }
 
   async renew(deliveries: readonly Delivery[]) {

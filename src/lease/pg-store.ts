@@ -120,6 +120,10 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
       return landed(await query(sql.release, pairs(deliveries)));
     },
 
+    async whereabouts(deliveries) {
+      return (await query(sql.whereabouts, pairs(deliveries))).map((r) => r.fate);
+    },
+
     async renew(deliveries) {
       return landed(await query(sql.renew, { ...pairs(deliveries), leaseTtlMs: options.leaseTtlMs }));
     },

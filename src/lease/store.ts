@@ -64,7 +64,16 @@ export interface LeaseStore {
   release(deliveries: readonly Delivery[]): Promise<Landed>;
   /** Extend the leases by the lease TTL from now. */
   renew(deliveries: readonly Delivery[]): Promise<Landed>;
+  /** Where each delivery's row is now, in input order; reads only (no lock, no lease). */
+  whereabouts(deliveries: readonly Delivery[]): Promise<RowFate[]>;
 }
+
+/**
+ * Where a delivery's row is now, read after a write whose answer was lost (the statement may or may not have
+ * committed): `held` still under this delivery's token, `unleased`, `taken` (under another token), `dead`
+ * (in the dead letters) or `gone` (deleted: acknowledged).
+ */
+export type RowFate = "held" | "unleased" | "taken" | "dead" | "gone";
 
 /** Every delivery of the write landed. */
 export function allLanded(count: number): Landed {

@@ -47,6 +47,8 @@ export interface CompleteStatements {
   release: Query<DeliveryParams, KeyRow>;
   /** → keys of the leases still held, extended by `leaseTtlMs` from now. */
   renew: Query<DeliveryParams & { leaseTtlMs: number }, KeyRow>;
+  /** → each delivery's row fate, in input order: a read after a write whose answer was lost. */
+  whereabouts: Query<DeliveryParams, { fate: "held" | "unleased" | "taken" | "dead" | "gone" }>;
 }
 
 /** A delivery's key: the row id and the lease token it was delivered under. */
@@ -151,6 +153,18 @@ FROM ${pairs} AS d(id, token)${also}
 WHERE t.id = d.id AND t.acquired_token = d.token
 RETURNING ${KEY} AS key`,
       (p) => [p.ids, p.tokens, p.leaseTtlMs],
+    ),
+    whereabouts: defineQuery(
+      "whereabouts",
+      `SELECT CASE WHEN t.id IS NULL THEN (CASE WHEN dl.id IS NULL THEN 'gone' ELSE 'dead' END)
+            WHEN t.acquired_token IS NULL THEN 'unleased'
+            WHEN t.acquired_token = d.token THEN 'held'
+            ELSE 'taken' END AS fate
+FROM unnest($1::bigint[], $2::uuid[]) WITH ORDINALITY AS d(id, token, ord)
+LEFT JOIN ${m} AS t ON t.id = d.id
+LEFT JOIN ${names.deadLetters} AS dl ON dl.id = d.id
+ORDER BY d.ord`,
+      (p) => [p.ids, p.tokens],
     ),
   };
 }

@@ -163,5 +163,31 @@ export function leaseStoreContract(name: string, harness: () => LeaseStoreHarnes
       expect(left).toBeGreaterThan(50_000);
       expect(left).toBeLessThanOrEqual(60_000);
     });
+
+    it("whereabouts tells a held, unleased, taken, dead-lettered and deleted row apart, in input order", async () => {
+      const h = harness();
+      const [one, two] = [h.store({ workerId: "one" }), h.store({ workerId: "two" })];
+      const ids = await h.insert("a", 5);
+      const lease = await one.lease(5);
+      const [held, unleased, taken, dead, gone] = deliveries(lease.token, ids) as [
+        Delivery,
+        Delivery,
+        Delivery,
+        Delivery,
+        Delivery,
+      ];
+      await one.retry([{ held: unleased, delayMs: 60_000, error: "x", failed: 1 }]);
+      await one.deadLetter([{ held: dead, reason: "rejected", error: "x", attempted: 1, failed: 1 }]);
+      await one.ack([{ held: gone }]);
+      await one.release([taken]);
+      await two.lease(5); // takes the released row under its own token
+      expect(await one.whereabouts([gone, held, taken, unleased, dead])).toEqual([
+        "gone",
+        "held",
+        "taken",
+        "unleased",
+        "dead",
+      ]);
+    });
   });
 }

@@ -7,6 +7,7 @@ import type {
   Lease,
   LeaseStore,
   RetryWrite,
+  RowFate,
 } from "../../src/lease/store.js";
 
 export type StoreCall = "lease" | "ack" | "retry" | "deadLetter" | "release" | "renew";
@@ -179,5 +180,10 @@ export class RecordingStore implements LeaseStore {
 
   renew(deliveries: readonly Delivery[]): Promise<Landed> {
     return this.#write("renew", deliveries, () => this.inner.renew(deliveries));
+  }
+
+  /** A read: not journalled (it writes nothing). */
+  whereabouts(deliveries: readonly Delivery[]): Promise<RowFate[]> {
+    return this.inner.whereabouts(deliveries);
   }
 }

@@ -70,4 +70,55 @@ describe("delivery keys", () => {
     await heartbeat.beat();
     expect(lost).toEqual([old]);
   });
+
+  it("a write that committed but lost its answer is reported as landed, not as a lost lease", async () => {
+    const table = new MemoryTable(() => 0);
+    const inner = new MemoryLeaseStore(table, { queues: ["q"], leaseTtlMs: 1000 });
+    table.insert("q");
+    table.insert("q");
+    const lease = await inner.lease(2);
+    const [a, b] = heldRows(lease.token, lease.rows) as [HeldRow, HeldRow];
+    let cut = true;
+    // The first ack commits, then the connection drops before its answer: the completer writes again.
+    const store = {
+      ack: async (writes: Parameters<typeof inner.ack>[0]) => {
+        const landed = await inner.ack(writes);
+        if (cut) {
+          cut = false;
+          throw new Error("connection terminated unexpectedly");
+        }
+        return landed;
+      },
+      retry: inner.retry.bind(inner),
+      deadLetter: inner.deadLetter.bind(inner),
+      whereabouts: inner.whereabouts.bind(inner),
+    };
+    const landed: HeldRow[] = [];
+    const lost: HeldRow[] = [];
+    let done!: () => void;
+    const flushed = new Promise<void>((resolve) => {
+      done = resolve;
+    });
+    const completer = new Completer({
+      store,
+      landed: (o: Outcome) => landed.push(o.held),
+      lost: (o: Outcome) => lost.push(o.held),
+      flushed: () => done(),
+      onError: () => {},
+      onFatal: () => {},
+      batchSize: 10,
+      windowMs: 1,
+      backoffBaseMs: 1,
+      backoffMaxMs: 1,
+      maxConsecutiveFailures: 3,
+    });
+    for (const h of [a, b]) {
+      startCompleting(h);
+      completer.submit({ kind: "ack", held: h, durationMs: 1 });
+    }
+    await flushed;
+    expect(lost).toEqual([]);
+    expect(landed).toEqual([a, b]);
+    expect([a.state, b.state, table.rows.size]).toEqual(["acked", "acked", 0]);
+  });
 });
