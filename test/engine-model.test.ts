@@ -494,7 +494,32 @@ describe("engine model (in-memory lease store, competing worker)", () => {
         saw("competitor acked", h.competitorAcked.length);
         saw("rows left in table", h.table.rows.size);
       }),
-      { numRuns: Number(process.env.ENGINE_MODEL_RUNS ?? 60) },
+      {
+        numRuns: Number(process.env.ENGINE_MODEL_RUNS ?? 60),
+        // Found by this property: a stop whose hand-back of a queued row fails three times left the row held.
+        examples: [
+          [
+            {
+              rows: [
+                { queue: 0, outcomes: ["hang"] },
+                { queue: 0, outcomes: [] },
+              ],
+              queueCount: 1,
+              concurrency: 1,
+              batchSize: 1,
+              completionBatchSize: 1,
+              maxAttempts: 1,
+              steps: [
+                { t: "fail", call: "release", times: 1 },
+                { t: "fail", call: "lease", times: 1 },
+                { t: "fail", call: "lease", times: 1 },
+                { t: "fail", call: "release", times: 2 },
+              ],
+              stop: { at: 4, timeoutMs: 0 },
+            },
+          ],
+        ],
+      },
     );
     if (process.env.ENGINE_MODEL_STATS) console.log(Object.fromEntries([...seen].sort()));
   }, 60_000);
@@ -579,6 +604,43 @@ describe("engine model (in-memory lease store, competing worker)", () => {
     expect(other.rows.map((r) => [r.id, r.deliveries_count])).toEqual(
       ["2", "3", "4", "5", "6"].map((id) => [id, 1]),
     );
+  });
+
+  it("a stop whose hand-back keeps failing holds no row afterwards; the rows' leases are left to expire", async () => {
+    let open!: () => void;
+    const gate = new Promise<void>((resolve) => {
+      open = resolve;
+    });
+    const h = harness({
+      rows: Array.from({ length: 3 }, () => ({ queue: 0, outcomes: [] as HandlerOutcome[] })),
+      queueCount: 1,
+      concurrency: 1,
+      batchSize: 3,
+      completionBatchSize: 10,
+      maxAttempts: 3,
+      handlerTimeoutMs: 60_000,
+      gate: (id) => (id === "1" ? gate : undefined),
+    });
+    h.engine.startDispatching();
+    h.engine.startFetching();
+    expect(await waitFor(() => h.calls.get("1") === 1 && h.engine.held >= 2, 2000)).toBe(true);
+    h.store.failNext("release", 3); // every attempt of the hand-back fails
+    const stopping = h.engine.shutdown(5000);
+    expect(
+      await waitFor(
+        () => h.journal.records.filter((r) => r.call === "release" && r.failed).length === 3,
+        3000,
+      ),
+    ).toBe(true);
+    open();
+    const result = await stopping;
+    expect(result.released).toBe(0);
+    expect(h.engine.held).toBe(0);
+    // Row 1 was acked; the others still carry this worker's lease until it expires, then anyone leases them.
+    const kept = [...h.table.rows.values()].filter((r) => r.token !== null);
+    expect(kept.length).toBeGreaterThanOrEqual(1);
+    expect(kept.every((r) => r.token !== null && h.store.tokens.has(r.token))).toBe(true);
+    expect(violations(h, result)).toEqual([]);
   });
 
   it("a failing ack write is retried and lands once the store works again, with one acked event per row", async () => {

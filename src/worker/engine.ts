@@ -238,8 +238,19 @@ export function createEngine(deps: EngineDeps): Engine {
         return back.count;
       } catch (error) {
         health.failed("release", error as Error, attempt);
-        // Unreleased rows are not lost: their leases expire and another worker takes them.
-        if (attempt >= 3) return 0;
+        if (attempt >= 3) {
+          // Unreleased rows are not lost: their leases expire and another worker takes them. This worker
+          // holds them no more (nor renews them).
+          for (const h of rows) {
+            lose(h, new Error("could not hand back; its lease is left to expire"));
+            held.delete(h);
+          }
+          log.warn(
+            { rows: rows.length },
+            "could not hand back unstarted rows; their leases are left to expire",
+          );
+          return 0;
+        }
         await sleep(200 * attempt);
       }
     }
