@@ -19,7 +19,9 @@ export interface RelayHealth {
   error?: string;
 }
 
+import type { Logger } from "pino";
 import { errorMessage } from "../contract/handler-errors.js";
+import { throttledLog } from "./throttle.js";
 
 /** The state a relay keeps up to date from its connects and publishes. */
 export class RelayHealthTracker {
@@ -27,9 +29,29 @@ export class RelayHealthTracker {
   #state: RelayState;
   #error: string | undefined;
 
-  constructor(target: string, initial: RelayState = "connecting") {
+  readonly #report: ((problem: string) => void) | undefined;
+
+  /**
+   * With `report`, a misconfigured target is also said in one error line per 30 s, whichever way (probe or
+   * publish) the same mistake shows up.
+   */
+  constructor(
+    target: string,
+    options: { initial?: RelayState; report?: { logger: Logger; relay: string } } = {},
+  ) {
     this.#target = target;
-    this.#state = initial;
+    this.#state = options.initial ?? "connecting";
+    const { report } = options;
+    if (report !== undefined) {
+      const logOnce = throttledLog(30_000);
+      this.#report = (problem) =>
+        logOnce("misconfigured", () =>
+          report.logger.error(
+            { problem },
+            `${report.relay} relay target unusable; messages retry until it is fixed`,
+          ),
+        );
+    }
   }
 
   get state(): RelayState {
@@ -59,6 +81,7 @@ export class RelayHealthTracker {
   misconfigured(problem: string): void {
     this.#state = "misconfigured";
     this.#error = problem;
+    this.#report?.(problem);
   }
 
   snapshot(): RelayHealth {

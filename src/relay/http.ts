@@ -41,7 +41,7 @@ export async function createHttpRelay(
   const target = `${config.method} ${url}`;
   const closing = new AbortController();
   // No connection to watch: the last request says whether the receiver is there.
-  const health = new RelayHealthTracker(target, "ok");
+  const health = new RelayHealthTracker(target, { initial: "ok" });
   deps.logger.child({ relay: "http" }).info({ target }, "http relay ready");
 
   const handler = async (_payload: unknown, message: MessageContext): Promise<void> => {

@@ -18,7 +18,6 @@ import { withDeadline } from "./deadline.js";
 import { type RelayHealth, RelayHealthTracker } from "./health.js";
 import { LazyConnection } from "./lazy-connection.js";
 import type { Relay, RelayDeps } from "./relay.js";
-import { throttledLog } from "./throttle.js";
 
 const RETRY_CONNECT_AFTER_MS = 1000;
 /** JetStream API error: "message size exceeds maximum allowed". */
@@ -59,22 +58,15 @@ export async function createNatsRelay(
   const shown = servers.map(redactConnectionString);
   const what = `nats ${shown.join(",")}`;
   const logger = deps.logger.child({ relay: "nats", servers: shown });
-  const logOnce = throttledLog(30_000);
   const streamSubject = config.stream === undefined ? undefined : streamSubjectFor(config.subject);
   // With `{queue}` in the subject, the probe can only check the subject of the queue it serves.
   const probeSubject =
     deps.queue !== undefined || !config.subject.includes(QUEUE_PLACEHOLDER)
       ? renderTarget(config.subject, deps.queue ?? "")
       : undefined;
-  const health = new RelayHealthTracker(`${what} subject ${config.subject}`);
-
-  function reportMisconfigured(problem: string): void {
-    health.misconfigured(problem);
-    // One line per 30 s whichever way (probe or publish) the same mistake shows up.
-    logOnce("misconfigured", () =>
-      logger.error({ problem }, "nats relay target unusable; messages retry until it is fixed"),
-    );
-  }
+  const health = new RelayHealthTracker(`${what} subject ${config.subject}`, {
+    report: { logger, relay: "nats" },
+  });
 
   /**
    * Creates the configured stream when no stream captures the subject yet, then checks that one does: a
@@ -87,18 +79,18 @@ export async function createNatsRelay(
       jsm = session.jsm;
     } catch (error) {
       if (error instanceof NatsError && error.code === ErrorCode.JetStreamNotEnabled) {
-        return reportMisconfigured(`JetStream is not enabled on ${what} (start nats-server with -js)`);
+        return health.misconfigured(`JetStream is not enabled on ${what} (start nats-server with -js)`);
       }
       throw error;
     }
     if (config.stream !== undefined && streamSubject !== undefined) {
       const problem = await ensureStream(jsm, config.stream, streamSubject);
-      if (problem !== undefined) return reportMisconfigured(problem);
+      if (problem !== undefined) return health.misconfigured(problem);
     }
     if (probeSubject === undefined) return health.reachable();
     const captured = await streamsCapturing(jsm, probeSubject);
     if (captured.length > 0) return health.ok();
-    reportMisconfigured(
+    health.misconfigured(
       config.stream === undefined
         ? `no JetStream stream captures subject ${probeSubject}: create one, or set the relay's "stream" to have it created`
         : `no JetStream stream captures subject ${probeSubject}`,
@@ -173,7 +165,7 @@ export async function createNatsRelay(
       health.ok();
     } catch (error) {
       const failure = classify(error, subject, () =>
-        reportMisconfigured(`no JetStream stream captures subject ${subject}`),
+        health.misconfigured(`no JetStream stream captures subject ${subject}`),
       );
       // A timeout or a dropped connection; an aborted handler says nothing about the broker.
       if (failure instanceof TransientError && !message.signal.aborted) health.unreachable(failure);

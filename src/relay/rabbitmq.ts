@@ -42,15 +42,10 @@ export async function createRabbitmqRelay(
   const logOnce = throttledLog(30_000);
   const health = new RelayHealthTracker(
     `${what} exchange "${config.exchange}" routing key "${config.routingKey}"`,
+    {
+      report: { logger, relay: "rabbitmq" },
+    },
   );
-
-  function reportMisconfigured(problem: string): void {
-    health.misconfigured(problem);
-    // One line per 30 s whichever way (probe or publish) the same mistake shows up.
-    logOnce("misconfigured", () =>
-      logger.error({ problem }, "rabbitmq relay target unusable; messages retry until it is fixed"),
-    );
-  }
 
   const connection: LazyConnection<RabbitSession> = new LazyConnection({
     what,
@@ -87,7 +82,7 @@ export async function createRabbitmqRelay(
       } catch (error) {
         await model.close().catch(() => {});
         if (isNotFound(error)) {
-          reportMisconfigured(
+          health.misconfigured(
             `exchange "${config.exchange}" does not exist: create it, or set the relay's exchangeType to have it declared`,
           );
           throw new TransientError(`${what}: exchange "${config.exchange}" does not exist`, { cause: error });
@@ -154,7 +149,7 @@ export async function createRabbitmqRelay(
           }
           // The broker sends basic.return before the ack of the same message.
           if (takeReturned(session, message.id)) {
-            reportMisconfigured(
+            health.misconfigured(
               `no queue is bound to exchange "${config.exchange}" for routing key "${routingKey}": messages are returned as unroutable`,
             );
             return reject(new TransientError(`${target}: unroutable, no queue is bound`));
