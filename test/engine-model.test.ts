@@ -562,25 +562,30 @@ describe("engine model (in-memory lease store, competing worker)", () => {
     expect(violations(h, result)).toEqual([]);
   });
 
-  it("a stop hands back the queued rows: released, counted once, and leasable again by another worker", async () => {
+  /** `rows` rows, concurrency 1: row 1's handler waits for `open()`, so the rows fetched after it stay queued. */
+  async function oneRunningRestQueued(rows: number) {
     let open!: () => void;
     const gate = new Promise<void>((resolve) => {
       open = resolve;
     });
     const h = harness({
-      rows: Array.from({ length: 6 }, () => ({ queue: 0, outcomes: [] as HandlerOutcome[] })),
+      rows: Array.from({ length: rows }, () => ({ queue: 0, outcomes: [] as HandlerOutcome[] })),
       queueCount: 1,
       concurrency: 1,
-      batchSize: 6,
+      batchSize: rows,
       completionBatchSize: 10,
       maxAttempts: 3,
       handlerTimeoutMs: 60_000,
-      // Row 1's handler waits for the gate, so the rows fetched after it stay queued locally.
       gate: (id) => (id === "1" ? gate : undefined),
     });
     h.engine.startDispatching();
     h.engine.startFetching();
     expect(await waitFor(() => h.calls.get("1") === 1 && h.engine.held >= 2, 2000)).toBe(true);
+    return { h, open };
+  }
+
+  it("a stop hands back the queued rows: released, counted once, and leasable again by another worker", async () => {
+    const { h, open } = await oneRunningRestQueued(6);
     // The gate opens once the hand-back landed: the running handler then finishes within the timeout.
     const stopping = h.engine.shutdown(5000);
     expect(await waitFor(() => h.journal.events.some((e) => e.name === "released"), 2000)).toBe(true);
@@ -607,23 +612,7 @@ describe("engine model (in-memory lease store, competing worker)", () => {
   });
 
   it("a stop whose hand-back keeps failing holds no row afterwards; the rows' leases are left to expire", async () => {
-    let open!: () => void;
-    const gate = new Promise<void>((resolve) => {
-      open = resolve;
-    });
-    const h = harness({
-      rows: Array.from({ length: 3 }, () => ({ queue: 0, outcomes: [] as HandlerOutcome[] })),
-      queueCount: 1,
-      concurrency: 1,
-      batchSize: 3,
-      completionBatchSize: 10,
-      maxAttempts: 3,
-      handlerTimeoutMs: 60_000,
-      gate: (id) => (id === "1" ? gate : undefined),
-    });
-    h.engine.startDispatching();
-    h.engine.startFetching();
-    expect(await waitFor(() => h.calls.get("1") === 1 && h.engine.held >= 2, 2000)).toBe(true);
+    const { h, open } = await oneRunningRestQueued(3);
     h.store.failNext("release", 3); // every attempt of the hand-back fails
     const stopping = h.engine.shutdown(5000);
     expect(

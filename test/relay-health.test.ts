@@ -85,6 +85,14 @@ async function untilState(
   return last as RelayHealth;
 }
 
+/** The broker goes away: the relay says unreachable; it comes back: ok again. */
+async function cutAndRestore(r: Relay, proxy: TcpProxy, okTimeoutMs = 10_000): Promise<void> {
+  proxy.cut();
+  await untilState(r, "unreachable");
+  proxy.restore();
+  await untilState(r, "ok", okTimeoutMs);
+}
+
 describe("http relay health", () => {
   let server: http.Server;
   let port = 0;
@@ -160,10 +168,7 @@ describe.skipIf(redisDown !== undefined)("redis relay health", () => {
       timeoutMs: 1000,
     });
     expect((await r.health()).state).toBe("ok");
-    proxy.cut();
-    await untilState(r, "unreachable");
-    proxy.restore();
-    await untilState(r, "ok");
+    await cutAndRestore(r, proxy);
   });
 });
 
@@ -249,10 +254,7 @@ describe.skipIf(natsDown !== undefined)("nats relay health", () => {
       timeoutMs: 1000,
     });
     expect((await r.health()).state).toBe("ok");
-    proxy.cut();
-    await untilState(r, "unreachable");
-    proxy.restore();
-    await untilState(r, "ok", 15_000);
+    await cutAndRestore(r, proxy, 15_000);
   });
 });
 
@@ -336,9 +338,6 @@ describe.skipIf(rabbitDown !== undefined)("rabbitmq relay health", () => {
       timeoutMs: 1000,
     });
     expect((await r.health()).state).toBe("ok");
-    proxy.cut();
-    await untilState(r, "unreachable");
-    proxy.restore();
-    await untilState(r, "ok");
+    await cutAndRestore(r, proxy);
   });
 });

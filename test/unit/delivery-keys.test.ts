@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { Completer, type Outcome } from "../../src/complete/completer.js";
+import { Completer, type CompleterDeps, type Outcome } from "../../src/complete/completer.js";
 import { Heartbeat } from "../../src/complete/heartbeat.js";
 import { type HeldRow, heldRows, startCompleting } from "../../src/lease/held.js";
 import { MemoryLeaseStore, MemoryTable } from "../../src/lease/memory-store.js";
@@ -24,33 +24,39 @@ async function twoDeliveriesOfOneRow() {
   return { store, table, old, fresh };
 }
 
+/** Acks `rows` through a Completer on `store`; resolves after its first flush, with what landed and was lost. */
+async function ackThroughCompleter(store: CompleterDeps["store"], rows: HeldRow[]) {
+  const landed: HeldRow[] = [];
+  const lost: HeldRow[] = [];
+  let done!: () => void;
+  const flushed = new Promise<void>((resolve) => {
+    done = resolve;
+  });
+  const completer = new Completer({
+    store,
+    landed: (o: Outcome) => landed.push(o.held),
+    lost: (o: Outcome) => lost.push(o.held),
+    flushed: () => done(),
+    onError: () => {},
+    onFatal: () => {},
+    batchSize: 10,
+    windowMs: 1,
+    backoffBaseMs: 1,
+    backoffMaxMs: 1,
+    maxConsecutiveFailures: 3,
+  });
+  for (const h of rows) {
+    startCompleting(h);
+    completer.submit({ kind: "ack", held: h, durationMs: 1 });
+  }
+  await flushed;
+  return { landed, lost };
+}
+
 describe("delivery keys", () => {
   it("the completer credits a write to the delivery it names: the old delivery of the same row is lost", async () => {
     const { store, table, old, fresh } = await twoDeliveriesOfOneRow();
-    const landed: HeldRow[] = [];
-    const lost: HeldRow[] = [];
-    let done!: () => void;
-    const flushed = new Promise<void>((resolve) => {
-      done = resolve;
-    });
-    const completer = new Completer({
-      store,
-      landed: (o: Outcome) => landed.push(o.held),
-      lost: (o: Outcome) => lost.push(o.held),
-      flushed: () => done(),
-      onError: () => {},
-      onFatal: () => {},
-      batchSize: 10,
-      windowMs: 1,
-      backoffBaseMs: 1,
-      backoffMaxMs: 1,
-      maxConsecutiveFailures: 3,
-    });
-    for (const h of [old, fresh]) {
-      startCompleting(h);
-      completer.submit({ kind: "ack", held: h, durationMs: 1 });
-    }
-    await flushed;
+    const { landed, lost } = await ackThroughCompleter(store, [old, fresh]);
     expect(landed).toEqual([fresh]);
     expect(lost).toEqual([old]);
     expect([fresh.state, old.state, table.rows.size]).toEqual(["acked", "completing", 0]);
@@ -93,30 +99,7 @@ describe("delivery keys", () => {
       deadLetter: inner.deadLetter.bind(inner),
       whereabouts: inner.whereabouts.bind(inner),
     };
-    const landed: HeldRow[] = [];
-    const lost: HeldRow[] = [];
-    let done!: () => void;
-    const flushed = new Promise<void>((resolve) => {
-      done = resolve;
-    });
-    const completer = new Completer({
-      store,
-      landed: (o: Outcome) => landed.push(o.held),
-      lost: (o: Outcome) => lost.push(o.held),
-      flushed: () => done(),
-      onError: () => {},
-      onFatal: () => {},
-      batchSize: 10,
-      windowMs: 1,
-      backoffBaseMs: 1,
-      backoffMaxMs: 1,
-      maxConsecutiveFailures: 3,
-    });
-    for (const h of [a, b]) {
-      startCompleting(h);
-      completer.submit({ kind: "ack", held: h, durationMs: 1 });
-    }
-    await flushed;
+    const { landed, lost } = await ackThroughCompleter(store, [a, b]);
     expect(lost).toEqual([]);
     expect(landed).toEqual([a, b]);
     expect([a.state, b.state, table.rows.size]).toEqual(["acked", "acked", 0]);

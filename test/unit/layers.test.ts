@@ -7,6 +7,21 @@ import { describe, expect, it } from "vitest";
  * bottom (util, contract), then the SQL and the lease store, then the engine's rooms, then what wires them
  * (worker), then what uses the worker (relay, inspect, service, cli). No arrow runs back up.
  */
+/** The service sits on everything but the CLI; the CLI on everything. */
+const SERVICE_IMPORTS = [
+  "worker",
+  "relay",
+  "inspect",
+  "migrate",
+  "notify",
+  "produce",
+  "embedded",
+  "retry",
+  "sql",
+  "contract",
+  "util",
+];
+
 const ALLOWED: Record<string, readonly string[]> = {
   util: [],
   contract: ["util"],
@@ -23,33 +38,8 @@ const ALLOWED: Record<string, readonly string[]> = {
   worker: ["fetch", "dispatch", "complete", "lease", "notify", "produce", "retry", "sql", "contract", "util"],
   relay: ["contract", "util"],
   inspect: ["sql", "migrate", "contract", "util"],
-  service: [
-    "worker",
-    "relay",
-    "inspect",
-    "migrate",
-    "notify",
-    "produce",
-    "embedded",
-    "retry",
-    "sql",
-    "contract",
-    "util",
-  ],
-  cli: [
-    "service",
-    "worker",
-    "relay",
-    "inspect",
-    "migrate",
-    "notify",
-    "produce",
-    "embedded",
-    "retry",
-    "sql",
-    "contract",
-    "util",
-  ],
+  service: SERVICE_IMPORTS,
+  cli: ["service", ...SERVICE_IMPORTS],
 };
 
 function sources(dir: string): string[] {
