@@ -225,7 +225,7 @@ describe.skipIf(tx.skip !== undefined)("PgBouncer, transaction mode", () => {
     expect(w.warnings().map((l) => l.msg)).toEqual([expect.stringContaining(LISTEN_FALLBACK)]);
     const [warning] = w.warnings();
     expect(warning?.msg).toContain("PgBouncer");
-    expect(warning?.msg).toContain("maxPollIntervalMs (200 ms)");
+    expect(warning?.msg).toContain("minPollIntervalMs (20 ms)");
   });
 
   it("a worker left on prepared statements detects the pooler, switches, and drains 5,000 rows exactly once", async () => {

@@ -155,8 +155,8 @@ export function createWorker(input: WorkerOptions): Worker {
               // Once per worker, at warn: it is a deployment fact (a pooler), not an incident to repeat.
               warnedPollOnly = true;
               log.warn(
-                { listener: s, detail, maxPollIntervalMs: options.maxPollIntervalMs },
-                `LISTEN gets no notifications: a transaction-mode pooler (PgBouncer) accepts LISTEN but never delivers. Polling only: pickup latency rises from milliseconds to up to maxPollIntervalMs (${options.maxPollIntervalMs} ms). Point listenConnection (service: OUTBOX_LISTEN_URL) at the database or a session-mode pooler to get wake-ups back`,
+                { listener: s, detail, minPollIntervalMs: options.minPollIntervalMs },
+                `LISTEN gets no notifications: a transaction-mode pooler (PgBouncer) accepts LISTEN but never delivers. Polling only, every minPollIntervalMs (${options.minPollIntervalMs} ms): pickup latency rises from milliseconds to up to that. Point listenConnection (service: OUTBOX_LISTEN_URL) at the database or a session-mode pooler to get wake-ups back`,
               );
             } else {
               log.info({ listener: s, detail }, `listener ${s}`);
