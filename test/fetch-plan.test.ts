@@ -13,10 +13,10 @@ async function explain(queues: string[], limit: number): Promise<string> {
   try {
     const text = fetchStatement(db.names, { synchronousCommit: false }).statement.text;
     await client.query("SET plan_cache_mode = force_generic_plan");
-    await client.query(`PREPARE lease(text[], int, uuid, double precision, text) AS ${text}`);
+    await client.query(`PREPARE lease(text[], int, uuid, double precision, text, text[]) AS ${text}`);
     await client.query("BEGIN");
     const { rows } = await client.query(
-      `EXPLAIN (ANALYZE, COSTS OFF) EXECUTE lease('{${queues.join(",")}}', ${limit}, '${randomUUID()}', 30000, 'explain')`,
+      `EXPLAIN (ANALYZE, COSTS OFF) EXECUTE lease('{${queues.join(",")}}', ${limit}, '${randomUUID()}', 30000, 'explain', '{}')`,
     );
     return rows.map((r) => r["QUERY PLAN"]).join("\n");
   } finally {
@@ -46,10 +46,10 @@ describe(`the lease statement on ${ROWS} rows`, () => {
       ANALYZE ${m};`);
   }, 120_000);
 
-  it("scans messages_ready_idx for ready rows and messages_leased_idx for expired leases", async () => {
+  it("scans messages_head_ready_idx for ready rows and messages_leased_idx for expired leases", async () => {
     for (const queues of [["a"], ["a", "b"]]) {
       const plan = await explain(queues, 100);
-      expect(plan).toMatch(/Index Scan using messages_ready_idx on messages/);
+      expect(plan).toMatch(/Index Scan using messages_head_ready_idx on messages/);
       expect(plan).toMatch(/Index Scan using messages_leased_idx on messages/);
       expect(plan).not.toMatch(/Seq Scan/);
       expect(plan).not.toMatch(/Bitmap Heap Scan/);

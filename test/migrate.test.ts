@@ -1,3 +1,4 @@
+import { execFileSync } from "node:child_process";
 import { readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
 import pg from "pg";
@@ -32,13 +33,22 @@ describe("migrate", () => {
     expect(rows).toEqual([
       { version: 1, name: "0001_outbox" },
       { version: 2, name: "0002_failures_count" },
+      { version: 3, name: "0003_key_heads" },
+      { version: 4, name: "0004_key_heads_index" },
     ]);
     const idx = await db.pool.query("SELECT indexname FROM pg_indexes WHERE schemaname = $1 ORDER BY 1", [
       db.schema,
     ]);
     expect(idx.rows.map((r) => r.indexname)).toEqual(
-      expect.arrayContaining(["messages_ready_idx", "messages_leased_idx", "messages_key_idx"]),
+      expect.arrayContaining([
+        "messages_head_ready_idx",
+        "messages_waiting_idx",
+        "messages_leased_idx",
+        "messages_key_idx",
+      ]),
     );
+    // The ready index of before per-key ordering is gone: every unleased row is in exactly one of the two.
+    expect(idx.rows.map((r) => r.indexname)).not.toContain("messages_ready_idx");
     const opts = await db.pool.query("SELECT reloptions FROM pg_class WHERE oid = to_regclass($1)", [
       db.names.messages,
     ]);
@@ -48,7 +58,7 @@ describe("migrate", () => {
   it("is a no-op the second time", async () => {
     const again = await db.migrate();
     expect(again.applied).toEqual([]);
-    expect(again.version).toBe(2);
+    expect(again.version).toBe(4);
     expect((await migrationState({ connection: db.pool, schema: db.schema })).current).toBe(true);
   });
 
@@ -247,13 +257,9 @@ describe("migrate", () => {
     const schema = db.freshSchema("print");
     const printed = await printMigrations({ schema });
     expect(printed).not.toContain("{{");
-    const client = new pg.Client({ connectionString: db.url });
-    await client.connect();
-    try {
-      await client.query(printed);
-    } finally {
-      await client.end();
-    }
+    // As a team's own tool runs it: statement by statement (psql), since CREATE INDEX CONCURRENTLY cannot
+    // run inside the implicit transaction of one multi-statement query.
+    execFileSync("psql", ["-X", "-q", "-v", "ON_ERROR_STOP=1", db.url], { input: printed, stdio: "pipe" });
     expect(await tableExists(schema, "messages")).toBe(true);
     const result = await migrate({ connection: db.pool, schema });
     expect(result.applied).toEqual([]);

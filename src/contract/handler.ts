@@ -46,6 +46,11 @@ export interface QueueConfig<P = unknown> {
    * do: bytes in, bytes out, and no parse per message). Not with `schema`.
    */
   rawPayload?: boolean;
+  /**
+   * Messages with the same key are handled one at a time, in id order, across every worker (default true).
+   * false makes the key plain metadata: this queue's keyed messages run in parallel like keyless ones.
+   */
+  ordered?: boolean;
 }
 
 /** A queue's {@link QueueConfig} with every default filled in, as the dispatcher uses it. */
@@ -57,4 +62,5 @@ export interface ResolvedQueue {
   maxAttempts: number;
   timeoutMs: number;
   rawPayload: boolean;
+  ordered: boolean;
 }

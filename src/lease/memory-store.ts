@@ -18,6 +18,8 @@ export interface MemoryRow {
   payload: string;
   headers: Record<string, string>;
   key: string | null;
+  /** Keyless, or no earlier row of its queue and key left: only heads are due on ordered queues. */
+  head: boolean;
   createdAt: number;
   availableAt: number;
   token: string | null;
@@ -39,6 +41,8 @@ export interface MemoryDeadLetter {
 
 export interface MemoryLeaseStoreOptions {
   queues: readonly string[];
+  /** Queues (among `queues`) whose keys are plain metadata: no per-key ordering. */
+  unorderedQueues?: readonly string[];
   workerId?: string;
   leaseTtlMs: number;
   maxErrorLength?: number;
@@ -67,12 +71,14 @@ export class MemoryTable {
   ): string {
     const id = String(this.#nextId++);
     const at = this.now();
+    const key = options.key ?? null;
     this.rows.set(id, {
       id,
       queue,
       payload: JSON.stringify(payload),
       headers: {},
-      key: options.key ?? null,
+      key,
+      head: key === null || this.#oldestOfKey(queue, key) === undefined,
       createdAt: at,
       availableAt: at + (options.delayMs ?? 0),
       token: null,
@@ -87,6 +93,24 @@ export class MemoryTable {
     });
     return id;
   }
+
+  #oldestOfKey(queue: string, key: string): MemoryRow | undefined {
+    let oldest: MemoryRow | undefined;
+    for (const r of this.rows.values()) {
+      if (r.queue === queue && r.key === key && (oldest === undefined || Number(r.id) < Number(oldest.id))) {
+        oldest = r;
+      }
+    }
+    return oldest;
+  }
+
+  /** A row left messages: when it headed its key, the oldest row left of that key heads it now. */
+  remove(row: MemoryRow): void {
+    this.rows.delete(row.id);
+    if (row.key === null || !row.head) return;
+    const next = this.#oldestOfKey(row.queue, row.key);
+    if (next !== undefined) next.head = true;
+  }
 }
 
 export class MemoryLeaseStore implements LeaseStore {
@@ -97,7 +121,7 @@ export class MemoryLeaseStore implements LeaseStore {
 
   constructor(table: MemoryTable, options: MemoryLeaseStoreOptions) {
     this.#table = table;
-    this.#options = { workerId: "memory", maxErrorLength: 4000, ...options };
+    this.#options = { workerId: "memory", maxErrorLength: 4000, unorderedQueues: [], ...options };
   }
 
   #owned(d: Delivery): MemoryRow | undefined {
@@ -110,10 +134,14 @@ export class MemoryLeaseStore implements LeaseStore {
     const token = randomUUID();
     this.tokens.push(token);
     const queues = new Set(this.#options.queues);
+    const unordered = new Set(this.#options.unorderedQueues);
     const due = [...this.#table.rows.values()]
       .filter(
         (r) =>
-          queues.has(r.queue) && (r.token === null ? r.availableAt <= now : (r.leaseExpiresAt ?? 0) <= now),
+          queues.has(r.queue) &&
+          (r.token === null
+            ? r.availableAt <= now && (r.head || unordered.has(r.queue))
+            : (r.leaseExpiresAt ?? 0) <= now),
       )
       .sort((a, b) => a.availableAt - b.availableAt || Number(a.id) - Number(b.id))
       .slice(0, limit);
@@ -167,7 +195,7 @@ export class MemoryLeaseStore implements LeaseStore {
     return this.#write(
       writes,
       (w) => w.held,
-      (row) => this.#table.rows.delete(row.id),
+      (row) => this.#table.remove(row),
     );
   }
 
@@ -194,7 +222,7 @@ export class MemoryLeaseStore implements LeaseStore {
       writes,
       (w) => w.held,
       (row, w) => {
-        this.#table.rows.delete(row.id);
+        this.#table.remove(row);
         row.attempts += w.attempted;
         row.failures += w.failed;
         if (w.attempted > 0) {

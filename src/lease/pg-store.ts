@@ -1,7 +1,15 @@
 import { randomUUID } from "node:crypto";
+import { setTimeout as delay } from "node:timers/promises";
 import type pg from "pg";
-import { completeStatements, deliveryKey, type KeyRow } from "../sql/complete.js";
-import { isPreparedStatementLost, plainArray, type Query, runQuery } from "../sql/executor.js";
+import { completeStatements, deliveryKey, type KeyedRow, type KeyRow } from "../sql/complete.js";
+import {
+  isPreparedStatementLost,
+  plainArray,
+  type Query,
+  run,
+  runQuery,
+  statement,
+} from "../sql/executor.js";
 import { fetchStatement } from "../sql/fetch.js";
 import type { OutboxNames } from "../sql/names.js";
 import {
@@ -20,6 +28,8 @@ export interface PgLeaseStoreOptions {
   pool: () => pg.Pool;
   names: OutboxNames;
   queues: readonly string[];
+  /** Queues (among `queues`) whose keys are plain metadata: no per-key ordering. */
+  unorderedQueues?: readonly string[];
   workerId: string;
   leaseTtlMs: number;
   maxErrorLength: number;
@@ -34,6 +44,8 @@ export interface PgLeaseStoreOptions {
 }
 
 const key = (d: Delivery) => deliveryKey(d.id, d.token);
+const BEGIN = statement("begin", "BEGIN");
+const COMMIT = statement("commit", "COMMIT");
 
 /** The lease store on Postgres: the fetch statement and the token-guarded writes of src/sql. */
 export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
@@ -41,6 +53,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
   const leaseSql = fetchStatement(options.names, settings);
   const sql = completeStatements(options.names, settings);
   const queues = [...options.queues];
+  const unorderedQueues = [...(options.unorderedQueues ?? [])];
   let prepared = options.preparedStatements;
 
   /**
@@ -64,6 +77,72 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     }
   }
 
+  /**
+   * One transaction on one connection: a keyed completion and the promotion of its successors commit
+   * together, or neither does (a crash in between would leave the key with no head, stuck for good).
+   */
+  async function transaction<T>(work: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+    const client = await options.pool().connect();
+    try {
+      await run(client, BEGIN, [], { timeoutMs: options.queryTimeoutMs });
+      const result = await work(client);
+      await run(client, COMMIT, [], { timeoutMs: options.queryTimeoutMs });
+      client.release();
+      return result;
+    } catch (error) {
+      // Never hand a connection back mid-transaction (or mid-answer): destroy it, which rolls back.
+      client.release(error instanceof Error ? error : new Error(String(error)));
+      if (prepared && isPreparedStatementLost(error)) {
+        prepared = false;
+        options.onPreparedLost?.(error);
+      }
+      throw error;
+    }
+  }
+
+  /**
+   * Ack or dead-letter deliveries that may head a key. A head whose key a producer is publishing to right
+   * now stays in place (its lock is busy: that producer's row must be seen committed before the successor
+   * is chosen) and is tried again shortly, until the producer commits, for at most one query timeout.
+   */
+  async function completeKeyed<W extends { held: Delivery }>(
+    writes: readonly W[],
+    statement: (client: pg.PoolClient, writes: readonly W[]) => Promise<KeyedRow | undefined>,
+  ): Promise<Landed> {
+    const written = new Set<string>();
+    let pending = writes;
+    const deadline = Date.now() + options.queryTimeoutMs;
+    for (let attempt = 0; ; attempt++) {
+      const row = await transaction(async (client) => {
+        const result = await statement(client, pending);
+        if (result && result.head_keys.length > 0) {
+          await runQuery(
+            client,
+            sql.promote,
+            { queues: result.head_queues, keys: result.head_keys },
+            { prepared, timeoutMs: options.queryTimeoutMs },
+          );
+        }
+        return result;
+      });
+      const busy = new Set(row?.busy ?? []);
+      for (const w of pending) {
+        const k = key(w.held);
+        if (busy.has(k)) continue;
+        if (!row?.keys || row.keys.includes(k)) written.add(k);
+      }
+      if (busy.size === 0) break;
+      if (Date.now() > deadline) {
+        throw new Error(
+          `${busy.size} key head(s) still locked by a producer after ${options.queryTimeoutMs} ms`,
+        );
+      }
+      pending = pending.filter((w) => busy.has(key(w.held)));
+      await delay(Math.min(2 ** attempt, 50));
+    }
+    return landedByKey(written, key);
+  }
+
   // Ids come back from the fetch as decimal text and tokens are our own UUIDs: both are safe unquoted.
   const pairs = (ds: readonly Delivery[]) => ({
     ids: plainArray(ds.map((d) => d.id)),
@@ -77,6 +156,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
       const token = randomUUID();
       const rows = await query(leaseSql, {
         queues,
+        unorderedQueues,
         limit,
         token,
         leaseTtlMs: options.leaseTtlMs,
@@ -86,6 +166,15 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     },
 
     async ack(writes: readonly AckWrite[]): Promise<Landed> {
+      if (writes.some((w) => w.held.key !== null)) {
+        return completeKeyed(writes, async (client, ws) => {
+          const [row] = await runQuery(client, sql.ackKeyed, pairs(held(ws)), {
+            prepared,
+            timeoutMs: options.queryTimeoutMs,
+          });
+          return row;
+        });
+      }
       const [result] = await query(sql.ack, pairs(held(writes)));
       // The statement names the deleted deliveries only when some were not deleted.
       return result?.keys ? landedByKey(new Set(result.keys), key) : allLanded(writes.length);
@@ -104,16 +193,24 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     },
 
     async deadLetter(writes: readonly DeadWrite[]) {
-      return landed(
-        await query(sql.dead, {
-          ...pairs(held(writes)),
-          reasons: writes.map((w) => w.reason),
-          errors: writes.map((w) => w.error),
-          attempted: writes.map((w) => w.attempted),
-          failed: writes.map((w) => w.failed),
-          maxErrorLength: options.maxErrorLength,
-        }),
-      );
+      const params = (ws: readonly DeadWrite[]) => ({
+        ...pairs(held(ws)),
+        reasons: ws.map((w) => w.reason),
+        errors: ws.map((w) => w.error),
+        attempted: ws.map((w) => w.attempted),
+        failed: ws.map((w) => w.failed),
+        maxErrorLength: options.maxErrorLength,
+      });
+      if (writes.some((w) => w.held.key !== null)) {
+        return completeKeyed(writes, async (client, ws) => {
+          const [row] = await runQuery(client, sql.deadKeyed, params(ws), {
+            prepared,
+            timeoutMs: options.queryTimeoutMs,
+          });
+          return row;
+        });
+      }
+      return landed(await query(sql.dead, params(writes)));
     },
 
     async release(deliveries) {

@@ -8,6 +8,11 @@ import type { LeasedRow } from "../sql/fetch.js";
 export interface Delivery {
   readonly id: string;
   readonly token: string;
+  /**
+   * The row's ordering key, when known: null says keyless, so an ack or dead-letter move has no key head to
+   * hand on. Unknown (undefined) is treated as keyed.
+   */
+  readonly key?: string | null;
 }
 
 /** What one `lease` call took: every row carries the same, freshly made token. */

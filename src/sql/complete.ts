@@ -1,4 +1,5 @@
 import { defineQuery, type Query } from "./executor.js";
+import { TRY_KEY_LOCK } from "./key-lock.js";
 import type { OutboxNames } from "./names.js";
 import { type StatementSettings, settingsJoin, withSettings } from "./settings.js";
 
@@ -27,28 +28,52 @@ export interface CompleteStatements {
    * result row per message costs the worker more than the DELETE costs Postgres.
    */
   ack: Query<DeliveryParams, AckRow>;
+  /**
+   * The ack for deliveries that may head a key, run inside a transaction: it tries each head's key lock
+   * first and leaves rows whose key a producer holds (`busy`, retried shortly); `heads` names the keys whose
+   * head it deleted, for `promote` to run next in the same transaction.
+   */
+  ackKeyed: Query<DeliveryParams, KeyedRow>;
+  /** The dead-letter move for deliveries that may head a key: as `dead`, with `ackKeyed`'s lock and answer. */
+  deadKeyed: Query<DeadParams, KeyedRow>;
+  /**
+   * After a keyed ack or dead-letter move, in its transaction (holding the key locks, so no producer of the
+   * key is in flight, and a fresh snapshot that sees every committed row): the oldest row left of each key
+   * becomes its head.
+   */
+  promote: Query<{ queues: string[]; keys: string[] }, never>;
   /** Clears the lease and schedules the row on the server clock → keys of the rows written. */
   retry: Query<
     DeliveryParams & { delaysMs: number[]; errors: string[]; failed: number[]; maxErrorLength: number },
     KeyRow
   >;
   /** One statement: the row leaves messages only if it lands in dead_letters → keys of the rows moved. */
-  dead: Query<
-    DeliveryParams & {
-      reasons: string[];
-      errors: (string | null)[];
-      attempted: number[];
-      failed: number[];
-      maxErrorLength: number;
-    },
-    KeyRow
-  >;
+  dead: Query<DeadParams, KeyRow>;
   /** Gives unstarted rows back (graceful stop) without counting a delivery → keys. */
   release: Query<DeliveryParams, KeyRow>;
   /** → keys of the leases still held, extended by `leaseTtlMs` from now. */
   renew: Query<DeliveryParams & { leaseTtlMs: number }, KeyRow>;
   /** → each delivery's row fate, in input order: a read after a write whose answer was lost. */
   whereabouts: Query<DeliveryParams, { fate: "held" | "unleased" | "taken" | "dead" | "gone" }>;
+}
+
+export type DeadParams = DeliveryParams & {
+  reasons: string[];
+  errors: (string | null)[];
+  attempted: number[];
+  failed: number[];
+  maxErrorLength: number;
+};
+
+/** The one row of a keyed ack or dead-letter move. */
+export interface KeyedRow {
+  /** The deliveries written; null when all were (none busy, none lost). */
+  keys: string[] | null;
+  /** Deliveries left in place because a producer holds their key's lock: try again shortly. */
+  busy: string[];
+  /** Queue and key of each head removed: `promote` names their successors. */
+  head_queues: string[];
+  head_keys: string[];
 }
 
 /** A delivery's key: the row id and the lease token it was delivered under. */
@@ -74,7 +99,83 @@ export function completeStatements(names: OutboxNames, settings: StatementSettin
   const m = names.messages;
   const pairs = "unnest($1::bigint[], $2::uuid[])";
   const also = settingsJoin(settings);
+  // A head's key lock is only tried: waiting could deadlock with a producer that takes several keys'
+  // locks in its own order, and would stall this batch behind a long producer transaction.
+  const locks = `locks AS (
+  SELECT t.id, l.token, ${TRY_KEY_LOCK("t.queue", "t.key")} AS taken
+  FROM ${m} AS t JOIN ${pairs} AS l(id, token) ON t.id = l.id AND t.acquired_token = l.token
+  WHERE t.key IS NOT NULL AND t.head
+)`;
+  const unlocked = "NOT EXISTS (SELECT 1 FROM locks AS l WHERE l.id = t.id AND NOT l.taken)";
+  const keyedAnswer = `SELECT CASE WHEN count(*) < cardinality($1::bigint[]) THEN COALESCE(array_agg(g.key), '{}') END AS keys,
+       (SELECT COALESCE(array_agg(l.id::text || '/' || l.token::text), '{}') FROM locks AS l WHERE NOT l.taken) AS busy,
+       COALESCE(array_agg(g.queue) FILTER (WHERE g.order_key IS NOT NULL AND g.head), '{}') AS head_queues,
+       COALESCE(array_agg(g.order_key) FILTER (WHERE g.order_key IS NOT NULL AND g.head), '{}') AS head_keys
+FROM gone AS g`;
+  const deadMove = (guard: string, returning: string) => `gone AS (
+  DELETE FROM ${m} AS t
+  USING unnest($1::bigint[], $2::uuid[], $3::text[], $4::text[], $5::int[], $6::int[])
+        AS d(id, token, reason, error, attempted, failed)${also}
+  WHERE t.id = d.id AND t.acquired_token = d.token${guard}
+  RETURNING t.*, d.reason, d.error, d.attempted, d.failed${returning}
+), moved AS (
+  INSERT INTO ${names.deadLetters} AS dl
+    (id, queue, payload, headers, key, created_at, available_at, acquired_by, deliveries_count, attempts_count,
+     failures_count, first_attempt_at, last_attempt_at, dead_at, reason, error)
+  SELECT id, queue, payload, headers, key, created_at, available_at, acquired_by, deliveries_count,
+         attempts_count + attempted, failures_count + failed,
+         CASE WHEN attempted > 0 THEN COALESCE(first_attempt_at, now()) ELSE first_attempt_at END,
+         CASE WHEN attempted > 0 THEN now() ELSE last_attempt_at END,
+         now(), reason, left(COALESCE(error, last_error), $7)
+  FROM gone
+  -- A replayed message that dies again replaces its earlier dead letter instead of failing the move.
+  ON CONFLICT (id) DO UPDATE SET
+    queue = excluded.queue, payload = excluded.payload, headers = excluded.headers, key = excluded.key,
+    created_at = excluded.created_at, available_at = excluded.available_at, acquired_by = excluded.acquired_by,
+    deliveries_count = excluded.deliveries_count, attempts_count = excluded.attempts_count,
+    failures_count = excluded.failures_count, first_attempt_at = excluded.first_attempt_at,
+    last_attempt_at = excluded.last_attempt_at, dead_at = excluded.dead_at, reason = excluded.reason,
+    error = excluded.error
+)`;
+  const deadValues = (p: DeadParams) => [
+    p.ids,
+    p.tokens,
+    p.reasons,
+    p.errors,
+    p.attempted,
+    p.failed,
+    p.maxErrorLength,
+  ];
   return {
+    ackKeyed: defineQuery(
+      "ack_keyed",
+      `${withSettings(settings, true)}${locks}, gone AS (
+  DELETE FROM ${m} AS t USING ${pairs} AS d(id, token)${also}
+  WHERE t.id = d.id AND t.acquired_token = d.token AND ${unlocked}
+  RETURNING ${KEY} AS key, t.queue, t.key AS order_key, t.head
+)
+${keyedAnswer}`,
+      (p) => [p.ids, p.tokens],
+    ),
+    deadKeyed: defineQuery(
+      "dead_keyed",
+      `${withSettings(settings, true)}${locks.replace(pairs, "unnest($1::bigint[], $2::uuid[])")}, ${deadMove(
+        ` AND ${unlocked}`,
+        `, ${KEY} AS key_of_delivery, t.key AS order_key`,
+      ).replace("gone AS (", "gone AS (")}
+${keyedAnswer.replace("array_agg(g.key)", "array_agg(g.key_of_delivery)")}`,
+      deadValues,
+    ),
+    promote: defineQuery(
+      "promote",
+      `UPDATE ${m} AS s SET head = true
+FROM unnest($1::text[], $2::text[]) AS k(queue, key)
+CROSS JOIN LATERAL (
+  SELECT n.id FROM ${m} AS n WHERE n.queue = k.queue AND n.key = k.key ORDER BY n.id LIMIT 1
+) AS next
+WHERE s.id = next.id AND NOT s.head`,
+      (p) => [p.queues, p.keys],
+    ),
     ack: defineQuery(
       "ack",
       `${withSettings(settings, true)}gone AS (
@@ -106,34 +207,10 @@ RETURNING t.id::text || '/' || d.token::text AS key`,
     ),
     dead: defineQuery(
       "dead",
-      `${withSettings(settings, true)}gone AS (
-  DELETE FROM ${m} AS t
-  USING unnest($1::bigint[], $2::uuid[], $3::text[], $4::text[], $5::int[], $6::int[])
-        AS d(id, token, reason, error, attempted, failed)${also}
-  WHERE t.id = d.id AND t.acquired_token = d.token
-  RETURNING t.*, d.reason, d.error, d.attempted, d.failed
-), moved AS (
-  INSERT INTO ${names.deadLetters} AS dl
-    (id, queue, payload, headers, key, created_at, available_at, acquired_by, deliveries_count, attempts_count,
-     failures_count, first_attempt_at, last_attempt_at, dead_at, reason, error)
-  SELECT id, queue, payload, headers, key, created_at, available_at, acquired_by, deliveries_count,
-         attempts_count + attempted, failures_count + failed,
-         CASE WHEN attempted > 0 THEN COALESCE(first_attempt_at, now()) ELSE first_attempt_at END,
-         CASE WHEN attempted > 0 THEN now() ELSE last_attempt_at END,
-         now(), reason, left(COALESCE(error, last_error), $7)
-  FROM gone
-  -- A replayed message that dies again replaces its earlier dead letter instead of failing the move.
-  ON CONFLICT (id) DO UPDATE SET
-    queue = excluded.queue, payload = excluded.payload, headers = excluded.headers, key = excluded.key,
-    created_at = excluded.created_at, available_at = excluded.available_at, acquired_by = excluded.acquired_by,
-    deliveries_count = excluded.deliveries_count, attempts_count = excluded.attempts_count,
-    failures_count = excluded.failures_count, first_attempt_at = excluded.first_attempt_at,
-    last_attempt_at = excluded.last_attempt_at, dead_at = excluded.dead_at, reason = excluded.reason,
-    error = excluded.error
-)
+      `${withSettings(settings, true)}${deadMove("", "")}
 -- Every row that left messages is in dead_letters (the INSERT cannot skip one), so gone names the moves.
 SELECT t.id::text || '/' || t.acquired_token::text AS key FROM gone AS t`,
-      (p) => [p.ids, p.tokens, p.reasons, p.errors, p.attempted, p.failed, p.maxErrorLength],
+      deadValues,
     ),
     release: defineQuery(
       "release",

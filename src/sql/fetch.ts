@@ -16,6 +16,8 @@ export type LeasedRow = Omit<MessageColumns, "available_at" | "created_at" | "pa
 
 export interface LeaseParams {
   queues: readonly string[];
+  /** The subset of `queues` that opted out of per-key ordering: their rows waiting behind a key's head are due too. */
+  unorderedQueues?: readonly string[];
   limit: number;
   token: string;
   leaseTtlMs: number;
@@ -26,7 +28,11 @@ export interface LeaseParams {
  * Lease up to `limit` rows of `queues` whose lease is unset or expired and whose time has come, oldest
  * first, under `token` for `leaseTtlMs`, naming `workerId` as their holder.
  *
- * Each branch of "unleased OR lease expired" is its own index scan (messages_ready_idx and
+ * Per-key ordering: only the head of a key (no earlier row of its queue and key left) is ready, and the
+ * ready index holds heads only, so a hot key's backlog is never walked; a batch holds at most one row per
+ * key. Queues that opted out also take the rows waiting behind a head (their own index).
+ *
+ * Each branch of "unleased OR lease expired" is its own index scan (messages_head_ready_idx and
  * messages_leased_idx), per queue through LATERAL, so the cost follows the batch size and not the backlog:
  * one `OR` over both branches with `ORDER BY` makes the planner scan and sort every ready row.
  * SKIP LOCKED lets concurrent workers take disjoint rows without waiting on each other. The picked ids come
@@ -54,13 +60,22 @@ export function fetchStatement(
   SELECT c.id, c.available_at FROM unnest($1::text[]) AS q(queue)
   CROSS JOIN LATERAL (
     SELECT id, available_at FROM ${m}
-    WHERE queue = q.queue AND acquired_token IS NULL AND available_at <= now()
+    WHERE queue = q.queue AND acquired_token IS NULL AND head AND available_at <= now()
+    ORDER BY available_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+  ) AS c
+), waiting AS (
+  SELECT c.id, c.available_at FROM unnest($6::text[]) AS q(queue)
+  CROSS JOIN LATERAL (
+    SELECT id, available_at FROM ${m}
+    WHERE queue = q.queue AND acquired_token IS NULL AND NOT head AND available_at <= now()
     ORDER BY available_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
   ) AS c
 ), picked AS (
-  SELECT id FROM (SELECT * FROM expired UNION ALL SELECT * FROM ready) AS candidates
+  SELECT id FROM (SELECT * FROM expired UNION ALL SELECT * FROM ready UNION ALL SELECT * FROM waiting) AS candidates
   ORDER BY available_at, id
   LIMIT $2
 )
@@ -73,6 +88,6 @@ SET acquired_token = $3::uuid,
 WHERE t.id = ANY (ARRAY(SELECT id FROM picked))
 RETURNING t.id::text AS id, t.queue, t.payload::text AS payload, t.headers, t.key, date_part('epoch', t.created_at) AS created_epoch,
           t.deliveries_count, t.attempts_count, t.failures_count, t.first_attempt_at, t.last_attempt_at`,
-    (p) => [p.queues, p.limit, p.token, p.leaseTtlMs, p.workerId],
+    (p) => [p.queues, p.limit, p.token, p.leaseTtlMs, p.workerId, p.unorderedQueues ?? []],
   );
 }

@@ -1,4 +1,5 @@
 import { type Statement, statement } from "./executor.js";
+import { KEY_LOCK } from "./key-lock.js";
 import type { OutboxNames } from "./names.js";
 
 /** Statements a producer runs inside its own transaction. Built once per schema. */
@@ -21,14 +22,20 @@ export interface InsertedRow {
 
 export function produceStatements(names: OutboxNames): ProduceStatements {
   // Delays are added to the server's clock, never the producer's, so skewed hosts cannot reorder rows.
+  // A keyed row first takes its key's advisory lock (held to commit), and only then its id: the id is a
+  // default evaluated after the FROM list, so same-key rows get ids in the order their producers commit.
+  // The key-head trigger takes the same lock again (re-entrant) and marks whether the row heads its key.
   const insertOne = `INSERT INTO ${names.messages} (queue, payload, headers, key, available_at)
-VALUES ($1, $2::jsonb, $3::jsonb, $4, COALESCE($5::timestamptz, now() + $6::double precision * interval '1 millisecond'))
+SELECT $1, $2::jsonb, $3::jsonb, $4, COALESCE($5::timestamptz, now() + $6::double precision * interval '1 millisecond')
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (SELECT ${KEY_LOCK("$1", "$4::text")} WHERE $4::text IS NOT NULL) AS key_lock ON true
 RETURNING id`;
   const insertMany = `INSERT INTO ${names.messages} (queue, payload, headers, key, available_at)
 SELECT $1, e.item -> 'payload', e.item -> 'headers', e.item ->> 'key',
        COALESCE((e.item ->> 'available_at')::timestamptz,
                 now() + (e.item ->> 'delay_ms')::double precision * interval '1 millisecond')
 FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS e(item, ord)
+LEFT JOIN LATERAL (SELECT ${KEY_LOCK("$1", "e.item ->> 'key'")} WHERE e.item ->> 'key' IS NOT NULL) AS key_lock ON true
 ORDER BY e.ord
 RETURNING id`;
   // The notification rides in the same statement (no extra round trip); the one-row subquery makes

@@ -81,6 +81,7 @@ const queueConfigSchema = z.strictObject({
   maxAttempts: z.number().int().min(1).max(1_000_000).optional(),
   timeoutMs: z.number().int().min(1).max(86_400_000).optional(),
   rawPayload: z.boolean().optional(),
+  ordered: z.boolean().optional(),
 });
 
 const optionsSchema = z
@@ -201,6 +202,7 @@ export function resolveWorkerOptions(input: WorkerOptions): ResolvedOptions {
       maxAttempts: ("maxAttempts" in config ? config.maxAttempts : undefined) ?? o.maxAttempts,
       timeoutMs: ("timeoutMs" in config ? config.timeoutMs : undefined) ?? o.handlerTimeoutMs,
       rawPayload: ("rawPayload" in config ? config.rawPayload : undefined) ?? false,
+      ordered: ("ordered" in config ? config.ordered : undefined) ?? true,
     });
   }
   return {

@@ -49,6 +49,7 @@ export function createWorker(input: WorkerOptions): Worker {
   );
   const ownsPool = typeof options.connection === "string";
   const queueNames = [...options.queues.keys()];
+  const unorderedQueueNames = [...options.queues.values()].filter((q) => !q.ordered).map((q) => q.name);
 
   let pool: pg.Pool | undefined;
   let notifier: Notifier | undefined;
@@ -78,6 +79,7 @@ export function createWorker(input: WorkerOptions): Worker {
     },
     names,
     queues: queueNames,
+    unorderedQueues: unorderedQueueNames,
     workerId: options.workerId,
     leaseTtlMs: options.leaseTtlMs,
     maxErrorLength: options.maxErrorLength,
@@ -126,6 +128,7 @@ export function createWorker(input: WorkerOptions): Worker {
     log.info(
       {
         queues: queueNames,
+        unorderedQueues: unorderedQueueNames,
         concurrency: options.concurrency,
         batchSize: options.batchSize,
         leaseTtlMs: options.leaseTtlMs,

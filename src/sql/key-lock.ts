@@ -1,0 +1,12 @@
+/**
+ * The transaction-scoped advisory lock on one (queue, key), as SQL taking two text expressions. Producers
+ * hold it until commit (so same-key rows commit in id order); a completion that removes a key's head tries
+ * it, so it never promotes a successor while a producer of that key is still in flight. The key-head
+ * trigger of migration 0003 takes the same lock: keep the two spellings identical.
+ */
+export const KEY_LOCK = (queue: string, key: string): string =>
+  `pg_advisory_xact_lock(hashtext(${queue}), hashtext(${key}))`;
+
+/** The same lock, tried without waiting: true when taken (or already held by this transaction). */
+export const TRY_KEY_LOCK = (queue: string, key: string): string =>
+  `pg_try_advisory_xact_lock(hashtext(${queue}), hashtext(${key}))`;
