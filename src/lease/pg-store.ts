@@ -39,6 +39,8 @@ export interface PgLeaseStoreOptions {
   preparedStatements: boolean;
   /** Bound on every round trip. */
   queryTimeoutMs: number;
+  /** Some key heads could not be completed yet: a producer of their key is in flight (retried shortly). */
+  onKeyBusy?: (heads: number) => void;
   /** Named statements were lost between statements (a transaction-mode pooler): unnamed from now on. */
   onPreparedLost?: (error: unknown) => void;
 }
@@ -107,14 +109,14 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
    */
   async function completeKeyed<W extends { held: Delivery }>(
     writes: readonly W[],
-    statement: (client: pg.PoolClient, writes: readonly W[]) => Promise<KeyedRow | undefined>,
+    write: (client: pg.PoolClient, writes: readonly W[]) => Promise<KeyedRow | undefined>,
   ): Promise<Landed> {
     const written = new Set<string>();
     let pending = writes;
     const deadline = Date.now() + options.queryTimeoutMs;
     for (let attempt = 0; ; attempt++) {
       const row = await transaction(async (client) => {
-        const result = await statement(client, pending);
+        const result = await write(client, pending);
         if (result && result.head_keys.length > 0) {
           await runQuery(
             client,
@@ -132,6 +134,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
         if (!row?.keys || row.keys.includes(k)) written.add(k);
       }
       if (busy.size === 0) break;
+      options.onKeyBusy?.(busy.size);
       if (Date.now() > deadline) {
         throw new Error(
           `${busy.size} key head(s) still locked by a producer after ${options.queryTimeoutMs} ms`,

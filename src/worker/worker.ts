@@ -86,6 +86,11 @@ export function createWorker(input: WorkerOptions): Worker {
     synchronousCommit: options.synchronousCommit,
     preparedStatements: options.preparedStatements,
     queryTimeoutMs: options.queryTimeoutMs,
+    onKeyBusy: (heads) =>
+      log.debug(
+        { heads },
+        "key heads kept in place: a producer of their key has not committed yet; completing them shortly",
+      ),
     onPreparedLost: (error) =>
       log.warn(
         { err: error },

@@ -1,0 +1,320 @@
+import { beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { constant, type MessageContext, PermanentError, replayDeadLetters } from "../src/index.js";
+import { testDatabase } from "./helpers/database.js";
+import { memoryLogger } from "./helpers/memory-logger.js";
+import { publisherFor, until, workerFactory } from "./helpers/worker.js";
+
+/**
+ * Per-key FIFO (DESIGN §3a, invariant 11): messages of one queue with the same key are handled one at a
+ * time, in id order; keyless ones stay parallel. Each test here fails when the code that keeps its part of
+ * the guarantee is taken out (see the mutations in the issue-12 note).
+ */
+
+const db = testDatabase("kord");
+const workers = workerFactory(db);
+const outbox = publisherFor(db.schema);
+
+beforeAll(() => db.migrate());
+beforeEach(async () => {
+  await db.pool.query(`TRUNCATE ${db.names.messages}, ${db.names.deadLetters}`);
+});
+
+type Item = { payload: unknown; key?: string; delayMs?: number };
+
+function publishMany(queue: string, items: Item[]): Promise<string[]> {
+  return db.inTransaction((c) => outbox.publishMany(c, queue, items));
+}
+
+const remaining = async () =>
+  (await db.pool.query(`SELECT count(*)::int AS n FROM ${db.names.messages}`)).rows[0].n as number;
+
+/** Records every handler run: start, end, and how many handlers of the same key ran at once. */
+function tracker() {
+  const runs: { id: string; key: string | null; start: number; end: number; ok: boolean }[] = [];
+  const running = new Map<string, number>();
+  let maxPerKey = 0;
+  let maxOverall = 0;
+  let overall = 0;
+  return {
+    runs,
+    maxPerKey: () => maxPerKey,
+    maxOverall: () => maxOverall,
+    async run(message: MessageContext, work: () => Promise<unknown>) {
+      const k = message.key ?? `#${message.id}`;
+      running.set(k, (running.get(k) ?? 0) + 1);
+      overall++;
+      maxPerKey = Math.max(maxPerKey, running.get(k) ?? 0);
+      maxOverall = Math.max(maxOverall, overall);
+      const entry = { id: message.id, key: message.key, start: performance.now(), end: 0, ok: false };
+      runs.push(entry);
+      try {
+        await work();
+        entry.ok = true;
+      } finally {
+        entry.end = performance.now();
+        running.set(k, (running.get(k) ?? 1) - 1);
+        overall--;
+      }
+    },
+    /** Ids of successful runs of `key`, in the order they ended. */
+    done: (key: string) => runs.filter((r) => r.key === key && r.ok).map((r) => r.id),
+  };
+}
+
+/** A promise the test resolves when it chooses (Node 20 has no Promise.withResolvers). */
+function gate() {
+  let resolve!: () => void;
+  const promise = new Promise<void>((r) => {
+    resolve = r;
+  });
+  return { promise, resolve };
+}
+
+const pause = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+describe("per-key ordering", () => {
+  it("runs 12 messages of one key one at a time, in id order, at concurrency 16", async () => {
+    const t = tracker();
+    const ids = await publishMany(
+      "orders",
+      Array.from({ length: 12 }, (_, i) => ({ payload: { i }, key: "order-1" })),
+    );
+    await workers.start({
+      concurrency: 16,
+      queues: { orders: (_p, m) => t.run(m, () => pause(3 + (Number(m.id) % 4) * 3)) },
+    });
+    await until(async () => (await remaining()) === 0, "every message handled");
+    expect(t.done("order-1")).toEqual(ids);
+    expect(t.maxPerKey()).toBe(1);
+  });
+
+  it("keeps keyless messages and different keys parallel", async () => {
+    const t = tracker();
+    const release = gate();
+    await publishMany("mixed", [
+      ...Array.from({ length: 6 }, (_, i) => ({ payload: { i } })),
+      ...Array.from({ length: 6 }, (_, i) => ({ payload: { i }, key: `k${i}` })),
+    ]);
+    await workers.start({
+      concurrency: 16,
+      queues: { mixed: (_p, m) => t.run(m, () => release.promise) },
+    });
+    // All twelve run at once: six keyless and six distinct keys.
+    await until(() => t.runs.length === 12, "twelve handlers running together");
+    release.resolve();
+    await until(async () => (await remaining()) === 0, "every message handled");
+    expect(t.maxOverall()).toBe(12);
+  });
+
+  it("blocks a key behind a failing head until it succeeds (retries with backoff)", async () => {
+    const t = tracker();
+    const [first, second, third] = await publishMany("retrying", [
+      { payload: { n: 1 }, key: "a" },
+      { payload: { n: 2 }, key: "a" },
+      { payload: { n: 3 }, key: "a" },
+    ]);
+    let failures = 0;
+    await workers.start({
+      concurrency: 8,
+      queues: {
+        retrying: {
+          retry: constant(30),
+          handler: (_p, m) =>
+            t.run(m, async () => {
+              if (m.id === first && failures < 3) {
+                failures++;
+                throw new Error("not yet");
+              }
+            }),
+        },
+      },
+    });
+    await until(async () => (await remaining()) === 0, "every message handled");
+    expect(failures).toBe(3);
+    expect(t.done("a")).toEqual([first, second, third]);
+    // No run of the later messages started before the head's successful end.
+    const headEnd = t.runs.find((r) => r.id === first && r.ok)?.end ?? Number.NaN;
+    for (const r of t.runs.filter((r) => r.id !== first)) expect(r.start).toBeGreaterThanOrEqual(headEnd);
+  });
+
+  it("blocks a key behind a delayed head; other keys go ahead", async () => {
+    const t = tracker();
+    const [late, behind, other] = await publishMany("delayed", [
+      { payload: { n: 1 }, key: "a", delayMs: 400 },
+      { payload: { n: 2 }, key: "a" },
+      { payload: { n: 3 }, key: "b" },
+    ]);
+    await workers.start({ concurrency: 8, queues: { delayed: (_p, m) => t.run(m, async () => {}) } });
+    await until(async () => (await remaining()) === 0, "every message handled");
+    expect(t.runs.map((r) => r.id)).toEqual([other, late, behind]);
+  });
+
+  it("a dead-lettered head unblocks its key; replaying it puts it right after the message in flight", async () => {
+    const t = tracker();
+    const [poison, next, last] = await publishMany("poison", [
+      { payload: { n: 1 }, key: "a" },
+      { payload: { n: 2 }, key: "a" },
+      { payload: { n: 3 }, key: "a" },
+    ]);
+    const hold = gate();
+    let replayed = false;
+    await workers.start({
+      concurrency: 8,
+      queues: {
+        poison: (_p, m) =>
+          t.run(m, async () => {
+            if (m.id === poison && !replayed) throw new PermanentError("bad");
+            if (m.id === next) await hold.promise;
+          }),
+      },
+    });
+    await until(() => t.runs.some((r) => r.id === next), "the next message of the key started");
+    // The dead letter comes back while `next` runs, with its old id: it waits behind `next` and runs
+    // before `last` (a key's rows run in id order, and it has the smallest).
+    replayed = true;
+    await replayDeadLetters(db.pool, db.schema, { ids: [poison as string] });
+    hold.resolve();
+    await until(async () => (await remaining()) === 0, "every message handled");
+    expect(t.done("a")).toEqual([next, poison, last]);
+    expect(t.maxPerKey()).toBe(1);
+  });
+
+  it("hands buffered keyed rows back at stop; the next worker keeps the order", async () => {
+    const t = tracker();
+    const ids = await publishMany(
+      "handback",
+      Array.from({ length: 40 }, (_, i) => ({ payload: { i }, key: `k${i % 4}` })),
+    );
+    const slow = gate();
+    // One dispatch loop, the first message blocked: the other keys' heads are leased and buffered.
+    const first = await workers.start({
+      concurrency: 1,
+      queues: { handback: (_p, m) => t.run(m, () => slow.promise) },
+    });
+    await until(() => t.runs.length === 1, "the first handler running");
+    const stopping = first.stop({ timeoutMs: 5000 });
+    slow.resolve();
+    await stopping;
+    await workers.start({ concurrency: 8, queues: { handback: (_p, m) => t.run(m, () => pause(2)) } });
+    await until(async () => (await remaining()) === 0, "every message handled");
+    for (let k = 0; k < 4; k++) {
+      expect(t.done(`k${k}`)).toEqual(ids.filter((_, i) => i % 4 === k));
+    }
+    expect(t.maxPerKey()).toBe(1);
+  });
+
+  it("an unordered queue (ordered: false) runs same-key messages in parallel", async () => {
+    const t = tracker();
+    const release = gate();
+    await publishMany(
+      "metrics",
+      Array.from({ length: 6 }, (_, i) => ({ payload: { i }, key: "same" })),
+    );
+    await workers.start({
+      concurrency: 8,
+      queues: { metrics: { ordered: false, handler: (_p, m) => t.run(m, () => release.promise) } },
+    });
+    await until(() => t.runs.length === 6, "six same-key handlers running together");
+    release.resolve();
+    await until(async () => (await remaining()) === 0, "every message handled");
+    expect(t.maxPerKey()).toBe(6);
+  });
+
+  it("orders rows a plain SQL INSERT writes (the key-head trigger), batch inserts included", async () => {
+    const t = tracker();
+    const { rows } = await db.pool.query<{ id: string }>(
+      `INSERT INTO ${db.names.messages} (queue, payload, key)
+       SELECT 'plain', jsonb_build_object('i', g), 'k' || (g % 3) FROM generate_series(1, 30) AS g
+       RETURNING id::text`,
+    );
+    const { rows: heads } = await db.pool.query(
+      `SELECT count(*) FILTER (WHERE head)::int AS heads FROM ${db.names.messages}`,
+    );
+    expect(heads[0].heads).toBe(3);
+    await workers.start({ concurrency: 16, queues: { plain: (_p, m) => t.run(m, () => pause(1)) } });
+    await until(async () => (await remaining()) === 0, "every message handled");
+    for (let k = 0; k < 3; k++) {
+      expect(t.done(`k${k}`)).toEqual(rows.map((r) => r.id).filter((_, i) => (i + 1) % 3 === k));
+    }
+    expect(t.maxPerKey()).toBe(1);
+  });
+});
+
+describe("commit order: publish serialises producers of one key", () => {
+  it("a second same-key publish waits for the first transaction, and takes its id after it", async () => {
+    const a = await db.pool.connect();
+    const b = await db.pool.connect();
+    try {
+      await a.query("BEGIN");
+      await b.query("BEGIN");
+      const [first] = await outbox.publishMany(a, "serial", [{ payload: { n: 1 }, key: "k" }]);
+      // b publishes the same key: it must wait for a's commit (its lock), not draw its id now.
+      let bDone = false;
+      const bPublish = outbox.publishMany(b, "serial", [{ payload: { n: 2 }, key: "k" }]).then(([id]) => {
+        bDone = true;
+        return id;
+      });
+      await until(
+        async () =>
+          (
+            await db.pool.query(
+              "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            )
+          ).rows[0].n > 0,
+        "b waiting on the key lock",
+      );
+      // Meanwhile a keyless publish commits and draws an id.
+      const [between] = await db.inTransaction((c) =>
+        outbox.publishMany(c, "serial", [{ payload: { n: "keyless" } }]),
+      );
+      expect(bDone).toBe(false);
+      await a.query("COMMIT");
+      const second = (await bPublish) as string;
+      await b.query("COMMIT");
+      // b's id was drawn after a committed: ids of one key follow commit order.
+      expect(Number(second)).toBeGreaterThan(Number(between));
+      expect(Number(second)).toBeGreaterThan(Number(first));
+      const t = tracker();
+      await workers.start({ concurrency: 8, queues: { serial: (_p, m) => t.run(m, async () => {}) } });
+      await until(async () => (await remaining()) === 0, "every message handled");
+      expect(t.done("k")).toEqual([first, second]);
+    } finally {
+      await a.query("ROLLBACK").catch(() => {});
+      await b.query("ROLLBACK").catch(() => {});
+      a.release();
+      b.release();
+    }
+  });
+
+  it("never strands a key when its head is acked while a producer of that key is in flight", async () => {
+    // The producer sees the head (not committed gone yet) and marks its row "not head"; the ack must not
+    // choose the successor before that row is committed, or the key would have no head for good.
+    const t = tracker();
+    const [head] = await publishMany("race", [{ payload: { n: 1 }, key: "k" }]);
+    const producer = await db.pool.connect();
+    try {
+      await producer.query("BEGIN");
+      const hold = gate();
+      const log = memoryLogger();
+      log.logger.level = "debug";
+      await workers.start({
+        logger: log.logger,
+        concurrency: 4,
+        queues: { race: (_p, m) => t.run(m, () => (m.id === head ? hold.promise : Promise.resolve())) },
+      });
+      await until(() => t.runs.length === 1, "the head running");
+      const [next] = await outbox.publishMany(producer, "race", [{ payload: { n: 2 }, key: "k" }]);
+      hold.resolve();
+      // The head's ack finds the key's lock busy (the producer): the head stays in place until it commits.
+      await until(() => log.lines.some((l) => l.msg.startsWith("key heads kept in place")), "a deferred ack");
+      // The head is still there (the producer's row is not committed, so not counted).
+      expect(await remaining()).toBe(1);
+      await producer.query("COMMIT");
+      await until(async () => (await remaining()) === 0, "the producer's row handled after its commit");
+      expect(t.done("k")).toEqual([head, next]);
+    } finally {
+      await producer.query("ROLLBACK").catch(() => {});
+      producer.release();
+    }
+  });
+});
