@@ -241,50 +241,59 @@ describe("per-key ordering", () => {
 });
 
 describe("commit order: publish serialises producers of one key", () => {
-  it("a second same-key publish waits for the first transaction, and takes its id after it", async () => {
-    const a = await db.pool.connect();
-    const b = await db.pool.connect();
-    try {
-      await a.query("BEGIN");
-      await b.query("BEGIN");
-      const [first] = await outbox.publishMany(a, "serial", [{ payload: { n: 1 }, key: "k" }]);
-      // b publishes the same key: it must wait for a's commit (its lock), not draw its id now.
-      let bDone = false;
-      const bPublish = outbox.publishMany(b, "serial", [{ payload: { n: 2 }, key: "k" }]).then(([id]) => {
-        bDone = true;
-        return id;
-      });
-      await until(
-        async () =>
-          (
-            await db.pool.query(
-              "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
-            )
-          ).rows[0].n > 0,
-        "b waiting on the key lock",
-      );
-      // Meanwhile a keyless publish commits and draws an id.
-      const [between] = await db.inTransaction((c) =>
-        outbox.publishMany(c, "serial", [{ payload: { n: "keyless" } }]),
-      );
-      expect(bDone).toBe(false);
-      await a.query("COMMIT");
-      const second = (await bPublish) as string;
-      await b.query("COMMIT");
-      // b's id was drawn after a committed: ids of one key follow commit order.
-      expect(Number(second)).toBeGreaterThan(Number(between));
-      expect(Number(second)).toBeGreaterThan(Number(first));
-      const t = tracker();
-      await workers.start({ concurrency: 8, queues: { serial: (_p, m) => t.run(m, async () => {}) } });
-      await until(async () => (await remaining()) === 0, "every message handled");
-      expect(t.done("k")).toEqual([first, second]);
-    } finally {
-      await a.query("ROLLBACK").catch(() => {});
-      await b.query("ROLLBACK").catch(() => {});
-      a.release();
-      b.release();
-    }
-  });
+  it.each(["publish", "publishMany"] as const)(
+    "a second same-key %s waits for the first transaction, and takes its id after it",
+    async (how) => {
+      const a = await db.pool.connect();
+      const b = await db.pool.connect();
+      try {
+        await a.query("BEGIN");
+        await b.query("BEGIN");
+        const bPid = (await b.query("SELECT pg_backend_pid() AS pid")).rows[0].pid as number;
+        const [first] = await outbox.publishMany(a, "serial", [{ payload: { n: 1 }, key: "k" }]);
+        // b publishes the same key: it must wait for a's commit (its lock), not draw its id now.
+        let bDone = false;
+        const bPublish = (
+          how === "publish"
+            ? outbox.publish(b, "serial", { n: 2 }, { key: "k" }).then((id) => [id])
+            : outbox.publishMany(b, "serial", [{ payload: { n: 2 }, key: "k" }])
+        ).then(([id]) => {
+          bDone = true;
+          return id;
+        });
+        await until(
+          async () =>
+            (
+              await db.pool.query(
+                "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = $1",
+                [bPid],
+              )
+            ).rows[0].n > 0,
+          "b waiting on the key lock",
+        );
+        // Meanwhile a keyless publish commits and draws an id.
+        const [between] = await db.inTransaction((c) =>
+          outbox.publishMany(c, "serial", [{ payload: { n: "keyless" } }]),
+        );
+        expect(bDone).toBe(false);
+        await a.query("COMMIT");
+        const second = (await bPublish) as string;
+        await b.query("COMMIT");
+        // b's id was drawn after a committed: ids of one key follow commit order.
+        expect(Number(second)).toBeGreaterThan(Number(between));
+        expect(Number(second)).toBeGreaterThan(Number(first));
+        const t = tracker();
+        await workers.start({ concurrency: 8, queues: { serial: (_p, m) => t.run(m, async () => {}) } });
+        await until(async () => (await remaining()) === 0, "every message handled");
+        expect(t.done("k")).toEqual([first, second]);
+      } finally {
+        await a.query("ROLLBACK").catch(() => {});
+        await b.query("ROLLBACK").catch(() => {});
+        a.release();
+        b.release();
+      }
+    },
+  );
 
   it("never strands a key when its head is acked while a producer of that key is in flight", async () => {
     // The producer sees the head (not committed gone yet) and marks its row "not head"; the ack must not
