@@ -1,5 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { beforeAll, describe, expect, it } from "vitest";
+import { completeStatements } from "../src/sql/complete.js";
 import { runQuery } from "../src/sql/executor.js";
 import { fetchStatement } from "../src/sql/fetch.js";
 import { testDatabase } from "./helpers/database.js";
@@ -94,5 +95,86 @@ describe(`the lease statement on ${ROWS} rows`, () => {
     });
     expect(a.map((r) => Number(r.id)).sort((x, y) => x - y)).toEqual([1, 2, 3, 4, 5]);
     expect(a.find((r) => r.id === "1")?.deliveries_count).toBe(2);
+  });
+});
+
+const HOT = 100_000;
+const OTHER_KEYS = 10_000;
+
+describe(`per-key ordering with one hot key of ${HOT} rows and ${OTHER_KEYS} other keys`, () => {
+  const hot = testDatabase("planhot");
+
+  /** EXPLAIN (ANALYZE, BUFFERS) of a statement as the worker runs it, rolled back. */
+  async function explainHot(text: string, types: string, args: string): Promise<string> {
+    const client = await hot.pool.connect();
+    try {
+      await client.query("SET plan_cache_mode = force_generic_plan");
+      await client.query(`PREPARE s(${types}) AS ${text}`);
+      await client.query("BEGIN");
+      const { rows } = await client.query(`EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE s(${args})`);
+      return rows.map((r) => r["QUERY PLAN"]).join("\n");
+    } finally {
+      await client.query("ROLLBACK");
+      await client.query("DEALLOCATE s");
+      await client.query("RESET plan_cache_mode");
+      client.release();
+    }
+  }
+
+  beforeAll(async () => {
+    await hot.migrate();
+    const m = hot.names.messages;
+    // The hot key's rows come first (the oldest): a fetch that walked them would read all 100k.
+    await hot.pool.query(`
+      INSERT INTO ${m} (queue, payload, key, available_at)
+      SELECT 'q', jsonb_build_object('n', g), 'hot', now() - interval '1 hour' FROM generate_series(1, ${HOT}) AS g;
+      INSERT INTO ${m} (queue, payload, key, available_at)
+      SELECT 'q', jsonb_build_object('n', g), 'k' || (g % ${OTHER_KEYS}), now() - interval '1 minute'
+      FROM generate_series(1, ${OTHER_KEYS * 3}) AS g;
+      ANALYZE ${m};`);
+  }, 180_000);
+
+  it("a fetch reads the heads only: it never walks the hot key's backlog", async () => {
+    const text = fetchStatement(hot.names, { synchronousCommit: false }).statement.text;
+    const plan = await explainHot(
+      text,
+      "text[], int, uuid, double precision, text, text[]",
+      `'{q}', 500, '${randomUUID()}', 30000, 'explain', '{}'`,
+    );
+    expect(plan).toMatch(/Index Scan using messages_head_ready_idx on messages/);
+    expect(plan).not.toMatch(/Seq Scan|Bitmap Heap Scan/);
+    // The ready branch returns the batch (the hot key's head and 499 others) and reads about as many
+    // index entries: the hot key's 99,999 waiting rows are not in this index at all.
+    const ready = plan.split("\n").find((l) => l.includes("messages_head_ready_idx")) ?? "";
+    expect(Number(/actual time=[\d.]+\.\.[\d.]+ rows=(\d+)/.exec(ready)?.[1])).toBeLessThanOrEqual(500);
+    const hits = [...plan.matchAll(/Buffers: shared hit=(\d+)(?: read=(\d+))?/g)].map(
+      (b) => Number(b[1]) + Number(b[2] ?? 0),
+    );
+    // A few thousand buffers at most for a 500-row lease (locks and updates included); walking the hot
+    // key would touch its 100k rows' pages.
+    expect(Math.max(...hits)).toBeLessThan(10_000);
+  });
+
+  it("promoting the hot key's successor reads two index entries, not its backlog", async () => {
+    const text = completeStatements(hot.names, { synchronousCommit: true }).promote.statement.text;
+    // The hot key's head as if just deleted in this transaction: promote picks the oldest row left.
+    const client = await hot.pool.connect();
+    try {
+      await client.query("SET plan_cache_mode = force_generic_plan");
+      await client.query(`PREPARE p(text[], text[]) AS ${text}`);
+      await client.query("BEGIN");
+      await client.query(`DELETE FROM ${hot.names.messages} WHERE id = 1`);
+      const { rows } = await client.query("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE p('{q}', '{hot}')");
+      const plan = rows.map((r) => r["QUERY PLAN"]).join("\n");
+      expect(plan).toMatch(/Index (Only )?Scan using messages_key_idx/);
+      expect(plan).not.toMatch(/Seq Scan|Bitmap Heap Scan|Sort/);
+      const head = await client.query(`SELECT id FROM ${hot.names.messages} WHERE key = 'hot' AND head`);
+      expect(head.rows.map((r) => String(r.id))).toEqual(["2"]);
+    } finally {
+      await client.query("ROLLBACK");
+      await client.query("DEALLOCATE p");
+      await client.query("RESET plan_cache_mode");
+      client.release();
+    }
   });
 });
