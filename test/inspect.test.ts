@@ -137,9 +137,9 @@ describe("outbox-worker status", () => {
     const [queues, workers] = (tables ?? "").split("\n\n");
     expect(`${queues}\n`).toBe(
       [
-        "QUEUE   READY  SCHEDULED  LEASED  EXPIRED  DEAD  OLDEST READY",
-        "mail        0          0       1        1     2             -",
-        "orders      2          1       0        0     2         5 min",
+        "QUEUE   READY  BLOCKED  SCHEDULED  LEASED  EXPIRED  DEAD  OLDEST READY",
+        "mail        0        0          0       1        1     2             -",
+        "orders      2        0          1       0        0     2         5 min",
         "",
       ].join("\n"),
     );
@@ -157,10 +157,20 @@ describe("outbox-worker status", () => {
     expect(out.code).toBe(0);
     const rows = JSON.parse(out.stdout);
     expect(rows).toEqual([
-      { queue: "mail", ready: 0, scheduled: 0, leased: 1, expired: 1, dead: 2, oldest_ready_age_s: null },
+      {
+        queue: "mail",
+        ready: 0,
+        blocked: 0,
+        scheduled: 0,
+        leased: 1,
+        expired: 1,
+        dead: 2,
+        oldest_ready_age_s: null,
+      },
       {
         queue: "orders",
         ready: 2,
+        blocked: 0,
         scheduled: 1,
         leased: 0,
         expired: 0,
@@ -261,7 +271,7 @@ describe("outbox-worker peek", () => {
   it("rejects a bad --state, --limit or flag with exit 2 and the usage, before connecting", async () => {
     const unreachable = { DATABASE_URL: "postgres://u:canary-pw@127.0.0.1:1/none" };
     const cases: [string[], string][] = [
-      [["--state", "done"], "--state must be one of scheduled, ready, leased, lease_expired"],
+      [["--state", "done"], "--state must be one of scheduled, blocked, ready, leased, lease_expired"],
       [["--limit", "0"], "--limit must be a whole number from 1 to 1000"],
       [["--limit", "1001"], "--limit must be a whole number from 1 to 1000"],
       [["--limit", "2x"], "--limit must be a whole number from 1 to 1000"],

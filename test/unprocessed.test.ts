@@ -1,4 +1,5 @@
 import { beforeAll, describe, expect, it } from "vitest";
+import { queueStatus } from "../src/inspect/status.js";
 import { testDatabase } from "./helpers/database.js";
 
 const db = testDatabase("view");
@@ -24,6 +25,21 @@ describe("the unprocessed view", () => {
     for (const row of rows) expect(row.state).toBe(row.expected);
     expect(rows.map((r) => r.acquired_by)).toEqual([null, null, "w1", "w2"]);
     expect(Number(rows[3].age_s)).toBeGreaterThanOrEqual(3600);
+  });
+
+  it("shows a row behind an earlier message of its key as blocked, and status counts it", async () => {
+    const m = db.names.messages;
+    await db.pool.query(`
+      INSERT INTO ${m} (queue, payload, key) VALUES ('k', '{"s":"ready"}', 'order-1');
+      INSERT INTO ${m} (queue, payload, key) VALUES ('k', '{"s":"blocked"}', 'order-1');
+      INSERT INTO ${m} (queue, payload, key, available_at)
+        VALUES ('k', '{"s":"blocked"}', 'order-1', now() + interval '1 hour');`);
+    const { rows } = await db.pool.query(
+      `SELECT payload->>'s' AS expected, state FROM ${db.names.unprocessed} WHERE queue = 'k' ORDER BY id`,
+    );
+    expect(rows.map((r) => r.state)).toEqual(rows.map((r) => r.expected));
+    const status = (await queueStatus(db.pool, db.schema)).find((q) => q.queue === "k");
+    expect(status).toMatchObject({ ready: 1, blocked: 2, scheduled: 0 });
   });
 
   it("does not expose the lease token: a reader cannot act as the lease holder", async () => {

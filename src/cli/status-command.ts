@@ -7,8 +7,8 @@ import { type CliIo, print } from "./io.js";
 
 export const statusUsage = `Usage: outbox-worker status [--schema NAME] [--database-url URL] [--json]
 
-Per queue: messages ready, scheduled (due later), leased, with an expired lease, dead letters, and the
-age of the oldest ready message; per worker (acquired_by) the rows it holds, expired leases and its
+Per queue: messages ready, blocked (behind an earlier message of their key), scheduled (due later),
+leased, with an expired lease, dead letters, and the age of the oldest ready message; per worker (acquired_by) the rows it holds, expired leases and its
 oldest lease; then the messages table's dead tuples, size, last vacuum and whether
 autovacuum runs for it. Reads only: no row lock, no lease, never slows or blocks a worker.
 
@@ -48,6 +48,7 @@ export async function statusCommand(argv: string[], io: CliIo): Promise<number> 
         [
           { header: "QUEUE" },
           { header: "READY", align: right },
+          { header: "BLOCKED", align: right },
           { header: "SCHEDULED", align: right },
           { header: "LEASED", align: right },
           { header: "EXPIRED", align: right },
@@ -57,6 +58,7 @@ export async function statusCommand(argv: string[], io: CliIo): Promise<number> 
         rows.map((r) => [
           cell(r.queue),
           String(r.ready),
+          String(r.blocked),
           String(r.scheduled),
           String(r.leased),
           String(r.expired),

@@ -91,6 +91,11 @@ export function createMetrics(opts: MetricsOptions): Metrics {
 
   const queueGauges: Record<QueueGauge, Gauge<"queue">> = {
     ready: gauge("outbox_backlog", "Messages ready for delivery now.", ["queue"]),
+    blocked: gauge(
+      "outbox_blocked",
+      "Messages waiting behind an earlier message of their key (per-key ordering).",
+      ["queue"],
+    ),
     scheduled: gauge("outbox_scheduled", "Messages waiting for their available_at.", ["queue"]),
     leased: gauge("outbox_leased", "Messages under a live lease.", ["queue"]),
     expired: gauge("outbox_lease_expired", "Messages whose lease expired unfinished.", ["queue"]),

@@ -8,6 +8,11 @@ export interface QueueStatusRow {
   queue: string;
   /** Due and not leased: waiting for a worker. */
   ready: number;
+  /**
+   * Waiting behind an earlier message of their key (per-key ordering): they become ready when it is acked
+   * or dead-lettered. On a queue that opted out (`ordered: false`), its workers take them as ready.
+   */
+  blocked: number;
   /** Not due yet (`delayMs`, `availableAt` or a retry's backoff). */
   scheduled: number;
   /** Held by a worker under a live lease. */
@@ -30,19 +35,20 @@ export function queueStatusStatement(names: OutboxNames): Query<NoParams, QueueS
     "queue_status",
     `WITH m AS (
   SELECT queue,
-         count(*) FILTER (WHERE acquired_token IS NULL AND available_at <= now())::int AS ready,
-         count(*) FILTER (WHERE acquired_token IS NULL AND available_at > now())::int AS scheduled,
+         count(*) FILTER (WHERE acquired_token IS NULL AND head AND available_at <= now())::int AS ready,
+         count(*) FILTER (WHERE acquired_token IS NULL AND NOT head)::int AS blocked,
+         count(*) FILTER (WHERE acquired_token IS NULL AND head AND available_at > now())::int AS scheduled,
          count(*) FILTER (WHERE acquired_token IS NOT NULL AND lease_expires_at > now())::int AS leased,
          count(*) FILTER (WHERE acquired_token IS NOT NULL AND lease_expires_at <= now())::int AS expired,
          extract(epoch FROM now() - min(available_at)
-                 FILTER (WHERE acquired_token IS NULL AND available_at <= now()))::float8 AS oldest_ready_age_s
+                 FILTER (WHERE acquired_token IS NULL AND head AND available_at <= now()))::float8 AS oldest_ready_age_s
   FROM ${names.messages}
   GROUP BY queue
 ), d AS (
   SELECT queue, count(*)::int AS dead FROM ${names.deadLetters} GROUP BY queue
 )
 SELECT COALESCE(m.queue, d.queue) AS queue,
-       COALESCE(m.ready, 0) AS ready, COALESCE(m.scheduled, 0) AS scheduled,
+       COALESCE(m.ready, 0) AS ready, COALESCE(m.blocked, 0) AS blocked, COALESCE(m.scheduled, 0) AS scheduled,
        COALESCE(m.leased, 0) AS leased, COALESCE(m.expired, 0) AS expired,
        COALESCE(d.dead, 0) AS dead, m.oldest_ready_age_s
 FROM m FULL JOIN d ON d.queue = m.queue

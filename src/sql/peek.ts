@@ -3,7 +3,7 @@ import type { OutboxNames } from "./names.js";
 import type { MessageColumns } from "./rows.js";
 
 /** The states of the `unprocessed` view, in the order a message usually goes through them. */
-export const MESSAGE_STATES = ["scheduled", "ready", "leased", "lease_expired"] as const;
+export const MESSAGE_STATES = ["scheduled", "blocked", "ready", "leased", "lease_expired"] as const;
 /**
  * Where an undelivered message stands: `scheduled` (not due yet), `ready` (due, not leased), `leased` (a
  * worker holds it) or `lease_expired` (its worker's lease ran out: it will be fetched again).
