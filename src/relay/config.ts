@@ -6,6 +6,14 @@ export const QUEUE_PLACEHOLDER = "{queue}";
 
 const timeoutMs = (fallback: number) => z.number().int().min(1).max(600_000).default(fallback);
 
+// One in flight per key: a consumer of the stream or queue sees each key's messages in publish order.
+const ordered = z
+  .boolean()
+  .default(true)
+  .describe(
+    "same-key messages are relayed one at a time, in publish order; false: the key is plain metadata",
+  );
+
 // An RFC 9110 token: a name fetch accepts, so a bad one fails at startup rather than on every message.
 const headerName = z.string().regex(/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/, "must be a valid HTTP header name");
 const headerValue = z.string().regex(/^[\t\x20-\x7e\x80-\xff]*$/, "must not hold control characters");
@@ -22,6 +30,7 @@ export const httpRelayConfigSchema = z.strictObject({
     .describe("the receiver's URL (no credentials in it: send them in `headers`)"),
   method: z.enum(["POST", "PUT"]).default("POST").describe("HTTP method"),
   timeoutMs: timeoutMs(10_000).describe("per request; a timeout is retried"),
+  ordered,
   /** Static headers sent with every request; they cannot override the relay's own headers. */
   headers: z
     .record(headerName, headerValue)
@@ -49,6 +58,7 @@ export const redisRelayConfigSchema = z.strictObject({
     .default(100_000)
     .describe("approximate cap on the stream's length (`MAXLEN ~`); older entries are trimmed"),
   timeoutMs: timeoutMs(5000).describe("connect and per-command timeout; a timeout is retried"),
+  ordered,
 });
 
 export const natsRelayConfigSchema = z.strictObject({
@@ -70,6 +80,7 @@ export const natsRelayConfigSchema = z.strictObject({
       "JetStream stream created on connect for the subject, unless one already captures it; unset: a stream must capture it already",
     ),
   timeoutMs: timeoutMs(5000).describe("connect and per-publish timeout (waiting for the stream's ack)"),
+  ordered,
 });
 
 export const rabbitmqRelayConfigSchema = z.strictObject({
@@ -96,6 +107,7 @@ export const rabbitmqRelayConfigSchema = z.strictObject({
       "durable queue declared on connect and bound to the exchange with the routing key (`{queue}` as `#`)",
     ),
   timeoutMs: timeoutMs(10_000).describe("connect and per-publish timeout (waiting for the broker's confirm)"),
+  ordered,
 });
 
 export const relayConfigSchema = z.discriminatedUnion("type", [

@@ -99,7 +99,7 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
       });
       relays[queue] = relay;
       // Relays forward the stored JSON text as it is: no parse, no lost digits.
-      queues[queue] = { handler: relay.handler, rawPayload: true };
+      queues[queue] = { handler: relay.handler, rawPayload: true, ordered: relayConfig.ordered };
     }
 
     const worker = createWorker({
