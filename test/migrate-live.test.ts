@@ -1,0 +1,191 @@
+import { copyFile, readdir } from "node:fs/promises";
+import path from "node:path";
+import pg from "pg";
+import { describe, expect, it } from "vitest";
+import { MIGRATIONS_DIR } from "../src/migrate/migration-files.js";
+import { migrate } from "../src/migrate/migrator.js";
+import { createPublisher } from "../src/produce/publisher.js";
+import { testDatabase } from "./helpers/database.js";
+import { testTempDir } from "./helpers/temp-dir.js";
+
+/**
+ * The per-key ordering upgrade (0003 + 0004) on a live outbox: a table at version 2 holding rows, producers
+ * publishing on their own connections the whole time, and `migrate` run in the middle. No producer may wait
+ * more than a moment. bench/upgrade.ts runs the same scenario at 1M rows for the README's figure.
+ */
+
+const db = testDatabase("live");
+
+const ROWS = 200_000;
+/** Half of the rows are keyed, over this many keys (5 rows a key, 4 of them behind the key's head). */
+const KEYS = 20_000;
+const PRODUCERS = 4;
+/** "A moment", even on a loaded 2-core machine. */
+const STALL_BOUND_MS = 2_000;
+/**
+ * At this size a migration that locks producers out while it builds an index stalls them for well under
+ * 2 s, but for a good part of the upgrade (a quarter to a third with 0004's indexes built in a transaction),
+ * while one that never holds them stalls them for a transaction's time, whatever the table's size: no stall
+ * may exceed this share of the upgrade's duration (nor the floor, for a machine that upgrades very fast).
+ */
+const STALL_SHARE = 0.15;
+const STALL_FLOOR_MS = 250;
+const QUEUES = ["live.orders", "live.emails"] as const;
+
+interface Commit {
+  start: number;
+  end: number;
+}
+
+/** Version 2: the shipped 0001 and 0002, byte for byte, so the full `migrate` later sees them as applied. */
+async function schemaAtVersionTwo(schema: string): Promise<void> {
+  const dir = await testTempDir("outbox-migrations-");
+  for (const file of (await readdir(MIGRATIONS_DIR)).filter((f) => /^000[12]_\w+\.sql$/.test(f))) {
+    await copyFile(path.join(MIGRATIONS_DIR, file), path.join(dir, file));
+  }
+  const result = await migrate({ connection: db.pool, schema, migrationsDir: dir });
+  expect(result.applied.map((m) => m.version)).toEqual([1, 2]);
+}
+
+/** Half keyed (queue follows the key, so each (queue, key) has ROWS / 2 / KEYS rows), ids in insert order. */
+async function fill(schema: string): Promise<void> {
+  await db.pool.query(
+    `INSERT INTO "${schema}".messages (queue, payload, key)
+     SELECT CASE WHEN g % 4 < 2 THEN $1 ELSE $2 END,
+            jsonb_build_object('n', g, 'note', repeat('x', 48)),
+            CASE WHEN g % 2 = 0 THEN 'k' || ((g / 2) % $3) END
+     FROM generate_series(1, $4::int) AS g`,
+    [QUEUES[0], QUEUES[1], KEYS, ROWS],
+  );
+  await db.pool.query(`ANALYZE "${schema}".messages`);
+}
+
+/**
+ * Producers publishing one message a transaction, every other one keyed (mostly keys that already have
+ * rows, some new ones), each on its own connection, until stopped. Every publish+commit is timed.
+ */
+function startProducers(url: string, schema: string) {
+  const publisher = createPublisher({ schema, notify: { cooldownMs: 0 } });
+  const commits: Commit[] = [];
+  let stopping = false;
+  const loops = Array.from({ length: PRODUCERS }, async (_, p) => {
+    const client = new pg.Client({ connectionString: url, application_name: "migrate-live-producer" });
+    await client.connect();
+    try {
+      for (let i = 0; !stopping; i++) {
+        const keyed = i % 2 === 0;
+        const k = Math.floor(Math.random() * KEYS * 1.1);
+        const queue = QUEUES[keyed ? k % 2 : (i >> 1) % 2] ?? QUEUES[0];
+        const start = performance.now();
+        await client.query("BEGIN");
+        await publisher.publish(client, queue, { producer: p, i }, keyed ? { key: `k${k}` } : undefined);
+        await client.query("COMMIT");
+        commits.push({ start, end: performance.now() });
+      }
+    } finally {
+      await client.end();
+    }
+  });
+  return {
+    commits,
+    async stop(): Promise<void> {
+      stopping = true;
+      await Promise.all(loops);
+    },
+  };
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+function percentile(xs: number[], p: number): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))] ?? Number.NaN;
+}
+
+describe("the per-key ordering upgrade on a live outbox", () => {
+  it(`takes ${ROWS.toLocaleString("en-US")} rows from version 2 to 4 while producers keep committing`, {
+    timeout: 90_000,
+  }, async () => {
+    const schema = db.schema;
+    await schemaAtVersionTwo(schema);
+    await fill(schema);
+    const maxIdBefore = Number(
+      (await db.pool.query(`SELECT max(id) AS id FROM "${schema}".messages`)).rows[0].id,
+    );
+
+    const producers = startProducers(db.url, schema);
+    let result: Awaited<ReturnType<typeof migrate>>;
+    const phases: { version: number; at: number }[] = [];
+    let migrateStart = 0;
+    let migrateEnd = 0;
+    try {
+      // A steady state first, so the stall of the upgrade is not a connection's first round trip.
+      await sleep(500);
+      migrateStart = performance.now();
+      result = await migrate({
+        connection: db.url,
+        schema,
+        onApplied: (m) => phases.push({ version: m.version, at: performance.now() }),
+      });
+      migrateEnd = performance.now();
+      await sleep(300);
+    } finally {
+      await producers.stop();
+    }
+
+    expect(result.applied.map((m) => m.version)).toEqual([3, 4]);
+    const latencies = producers.commits.map((c) => c.end - c.start);
+    const during = producers.commits.filter((c) => c.end >= migrateStart && c.start <= migrateEnd);
+    const committedDuring = during.filter((c) => c.end <= migrateEnd).length;
+    const after0003 = phases.find((p) => p.version === 3)?.at ?? migrateEnd;
+    // While 0004 runs: the backfill UPDATE and both concurrent index builds.
+    const committedDuring0004 = during.filter((c) => c.start >= after0003 && c.end <= migrateEnd).length;
+    const longest = Math.max(...latencies);
+    const longestDuring = Math.max(...during.map((c) => c.end - c.start));
+    const before = producers.commits.filter((c) => c.end < migrateStart).map((c) => c.end - c.start);
+    console.log(
+      `[migrate-live] ${ROWS.toLocaleString("en-US")} rows, ${PRODUCERS} producers: upgrade ${Math.round(migrateEnd - migrateStart)} ms ` +
+        `(0003 ${Math.round(after0003 - migrateStart)} ms, 0004 ${Math.round(migrateEnd - after0003)} ms); ` +
+        `${committedDuring} commits during it (${committedDuring0004} during 0004); ` +
+        `longest producer stall ${Math.round(longestDuring)} ms during the upgrade, ${Math.round(longest)} ms overall ` +
+        `(p99 ${percentile(latencies, 99).toFixed(1)} ms, before the upgrade max ${Math.round(Math.max(...before))} ms)`,
+    );
+    expect(longest).toBeLessThan(STALL_BOUND_MS);
+    expect(longestDuring).toBeLessThan(Math.max(STALL_FLOOR_MS, STALL_SHARE * (migrateEnd - migrateStart)));
+    // Producers kept going through the whole upgrade, not just around it.
+    expect(committedDuring).toBeGreaterThan(50);
+    expect(committedDuring0004).toBeGreaterThan(20);
+
+    // Every keyed row with an earlier row of its key waits behind it; every other row heads its key. This
+    // holds for the rows written before (the backfill) and during the upgrade (the trigger, and the
+    // backfill for those written before 0003 committed) alike.
+    const { rows } = await db.pool.query(
+      `SELECT count(*) FILTER (WHERE key IS NULL AND NOT head)::int AS keyless_not_head,
+              count(*) FILTER (WHERE key IS NOT NULL AND head <> (id = first_id))::int AS keyed_wrong,
+              count(*) FILTER (WHERE key IS NOT NULL AND NOT head)::int AS waiting,
+              count(*) FILTER (WHERE id > $1 AND key IS NOT NULL AND NOT head)::int AS new_waiting,
+              count(*) FILTER (WHERE id > $1 AND key IS NOT NULL AND head)::int AS new_heads
+       FROM (SELECT id, key, head, min(id) OVER (PARTITION BY queue, key) AS first_id
+             FROM "${schema}".messages) AS m`,
+      [maxIdBefore],
+    );
+    expect(rows[0]).toMatchObject({ keyless_not_head: 0, keyed_wrong: 0 });
+    expect(rows[0].waiting).toBeGreaterThanOrEqual(ROWS / 2 - KEYS);
+    // The producers' rows took both branches: behind an existing key's rows, and heads of new keys.
+    expect(rows[0].new_waiting).toBeGreaterThan(0);
+    expect(rows[0].new_heads).toBeGreaterThan(0);
+
+    const indexes = await db.pool.query(
+      `SELECT c.relname AS name, i.indisvalid AS valid FROM pg_index AS i
+       JOIN pg_class AS c ON c.oid = i.indexrelid
+       WHERE i.indrelid = to_regclass($1)
+         AND c.relname IN ('messages_ready_idx', 'messages_head_ready_idx', 'messages_waiting_idx')
+       ORDER BY 1`,
+      [`"${schema}".messages`],
+    );
+    expect(indexes.rows).toEqual([
+      { name: "messages_head_ready_idx", valid: true },
+      { name: "messages_waiting_idx", valid: true },
+    ]);
+  });
+});
