@@ -1,3 +1,4 @@
+import type { PoolClient } from "pg";
 import { beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { constant, type MessageContext, PermanentError, replayDeadLetters } from "../src/index.js";
 import { testDatabase } from "./helpers/database.js";
@@ -294,6 +295,49 @@ describe("commit order: publish serialises producers of one key", () => {
       }
     },
   );
+
+  it("two batches taking the same keys in opposite orders never deadlock", async () => {
+    for (let round = 0; round < 3; round++) {
+      const [a, b] = [`a${round}`, `b${round}`];
+      const clients = await Promise.all([db.pool.connect(), db.pool.connect(), db.pool.connect()]);
+      const [holder, one, two] = clients as [PoolClient, PoolClient, PoolClient];
+      try {
+        for (const c of clients) await c.query("BEGIN");
+        const pids = await Promise.all(
+          [one, two].map(async (c) => (await c.query("SELECT pg_backend_pid() AS p")).rows[0].p as number),
+        );
+        // The holder has key a: both batches queue up behind it, the second already holding b if its
+        // locks were taken in its own (b, a) order. Then whichever gets a next would wait for b: deadlock.
+        await outbox.publish(holder, "opposite", { n: 0 }, { key: a });
+        const publishAndCommit = async (c: PoolClient, keys: string[]) => {
+          await outbox.publishMany(
+            c,
+            "opposite",
+            keys.map((key) => ({ payload: { key }, key })),
+          );
+          await c.query("COMMIT");
+        };
+        const both = Promise.all([publishAndCommit(two, [b, a]), publishAndCommit(one, [a, b])]);
+        await until(
+          async () =>
+            (
+              await db.pool.query(
+                "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = ANY($1)",
+                [pids],
+              )
+            ).rows[0].n === 2,
+          "both batches waiting",
+        );
+        await holder.query("COMMIT");
+        await both;
+      } finally {
+        for (const c of clients) {
+          await c.query("ROLLBACK").catch(() => {});
+          c.release();
+        }
+      }
+    }
+  });
 
   it("never strands a key when its head is acked while a producer of that key is in flight", async () => {
     // The producer sees the head (not committed gone yet) and marks its row "not head"; the ack must not

@@ -35,7 +35,16 @@ SELECT $1, e.item -> 'payload', e.item -> 'headers', e.item ->> 'key',
        COALESCE((e.item ->> 'available_at')::timestamptz,
                 now() + (e.item ->> 'delay_ms')::double precision * interval '1 millisecond')
 FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS e(item, ord)
-LEFT JOIN LATERAL (SELECT ${KEY_LOCK("$1", "e.item ->> 'key'")} WHERE e.item ->> 'key' IS NOT NULL) AS key_lock ON true
+CROSS JOIN (
+  -- Every key's lock before any id, in key order: two batches with the same keys in another order
+  -- cannot deadlock each other.
+  SELECT count(*) FROM (
+    SELECT ${KEY_LOCK("$1", "k.key")} FROM (
+      SELECT DISTINCT i.item ->> 'key' AS key FROM jsonb_array_elements($2::jsonb) AS i(item)
+      WHERE i.item ->> 'key' IS NOT NULL ORDER BY 1
+    ) AS k
+  ) AS taken
+) AS key_locks
 ORDER BY e.ord
 RETURNING id`;
   // The notification rides in the same statement (no extra round trip); the one-row subquery makes
