@@ -307,7 +307,7 @@ describe("commit order: publish serialises producers of one key", () => {
           [one, two].map(async (c) => (await c.query("SELECT pg_backend_pid() AS p")).rows[0].p as number),
         );
         // The holder has key a: both batches queue up behind it, the second already holding b if its
-        // locks were taken in its own (b, a) order. Then whichever gets a next would wait for b: deadlock.
+        // locks were taken in its own (b, a) order. The first then gets a and waits for b: deadlock.
         await outbox.publish(holder, "opposite", { n: 0 }, { key: a });
         const publishAndCommit = async (c: PoolClient, keys: string[]) => {
           await outbox.publishMany(
@@ -317,19 +317,24 @@ describe("commit order: publish serialises producers of one key", () => {
           );
           await c.query("COMMIT");
         };
-        const both = Promise.all([publishAndCommit(two, [b, a]), publishAndCommit(one, [a, b])]);
-        await until(
-          async () =>
-            (
-              await db.pool.query(
-                "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = ANY($1)",
-                [pids],
-              )
-            ).rows[0].n === 2,
-          "both batches waiting",
-        );
+        const waiting = async (n: number) =>
+          until(
+            async () =>
+              (
+                await db.pool.query(
+                  "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = ANY($1)",
+                  [pids],
+                )
+              ).rows[0].n === n,
+            `${n} batch(es) waiting`,
+          );
+        // One queues first for a (Postgres grants it first); two then comes with (b, a).
+        const first = publishAndCommit(one, [a, b]);
+        await waiting(1);
+        const second = publishAndCommit(two, [b, a]);
+        await waiting(2);
         await holder.query("COMMIT");
-        await both;
+        await Promise.all([first, second]);
       } finally {
         for (const c of clients) {
           await c.query("ROLLBACK").catch(() => {});
