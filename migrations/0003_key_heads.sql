@@ -2,6 +2,9 @@
 -- same queue and key is still in messages). Quick on a live table: the column has a constant default (no
 -- rewrite), and the table lock is held only for this transaction's catalog changes. Rows written before
 -- this migration are put in line, and the heads-only index is built, by the next one, without a table lock.
+-- Behind a long transaction on messages, the lock request would queue every producer behind it: give up
+-- after a moment instead (the migrator retries the whole migration after a pause).
+SET LOCAL lock_timeout = '250ms';
 ALTER TABLE {{schema}}.messages ADD COLUMN head boolean NOT NULL DEFAULT true;
 
 -- Runs for keyed rows only. The advisory lock on (queue, key) is held until the producer commits: producers

@@ -7,6 +7,7 @@ import { migrate } from "../src/migrate/migrator.js";
 import { createPublisher } from "../src/produce/publisher.js";
 import { testDatabase } from "./helpers/database.js";
 import { testTempDir } from "./helpers/temp-dir.js";
+import { until } from "./helpers/worker.js";
 
 /**
  * The per-key ordering upgrade (0003 + 0004) on a live outbox: a table at version 2 holding rows, producers
@@ -38,7 +39,7 @@ interface Commit {
 }
 
 /** Version 2: the shipped 0001 and 0002, byte for byte, so the full `migrate` later sees them as applied. */
-async function schemaAtVersionTwo(schema: string): Promise<void> {
+async function schemaAtVersionTwo(schema: string = db.schema): Promise<void> {
   const dir = await testTempDir("outbox-migrations-");
   for (const file of (await readdir(MIGRATIONS_DIR)).filter((f) => /^000[12]_\w+\.sql$/.test(f))) {
     await copyFile(path.join(MIGRATIONS_DIR, file), path.join(dir, file));
@@ -95,8 +96,6 @@ function startProducers(url: string, schema: string) {
   };
 }
 
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
-
 function percentile(xs: number[], p: number): number {
   const s = [...xs].sort((a, b) => a - b);
   return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))] ?? Number.NaN;
@@ -120,7 +119,7 @@ describe("the per-key ordering upgrade on a live outbox", () => {
     let migrateEnd = 0;
     try {
       // A steady state first, so the stall of the upgrade is not a connection's first round trip.
-      await sleep(500);
+      await until(() => producers.commits.length >= 200, "producers in their stride");
       migrateStart = performance.now();
       result = await migrate({
         connection: db.url,
@@ -128,7 +127,10 @@ describe("the per-key ordering upgrade on a live outbox", () => {
         onApplied: (m) => phases.push({ version: m.version, at: performance.now() }),
       });
       migrateEnd = performance.now();
-      await sleep(300);
+      await until(
+        () => producers.commits.filter((c) => c.start > migrateEnd).length >= 50,
+        "producers going on after the upgrade",
+      );
     } finally {
       await producers.stop();
     }
@@ -187,5 +189,42 @@ describe("the per-key ordering upgrade on a live outbox", () => {
       { name: "messages_head_ready_idx", valid: true },
       { name: "messages_waiting_idx", valid: true },
     ]);
+  });
+
+  it("waits out a long transaction on messages without holding producers behind its table lock", {
+    timeout: 90_000,
+  }, async () => {
+    const schema = db.freshSchema("long");
+    await schemaAtVersionTwo(schema);
+    const reader = new pg.Client({ connectionString: db.url });
+    await reader.connect();
+    const producers = startProducers(db.url, schema);
+    const HOLD_MS = 3_000;
+    try {
+      await until(() => producers.commits.length >= 100, "producers in their stride");
+      // A report, a slow consumer, a psql session left open: any transaction that read messages holds a
+      // lock 0003's ALTER TABLE conflicts with, until it ends.
+      await reader.query("BEGIN");
+      await reader.query(`SELECT count(*) FROM "${schema}".messages`);
+      const started = performance.now();
+      const upgrade = migrate({ connection: db.url, schema });
+      await until(
+        () => performance.now() - started >= HOLD_MS,
+        "the long transaction's time",
+        HOLD_MS + 5_000,
+      );
+      await reader.query("COMMIT");
+      const result = await upgrade;
+      expect(result.applied.map((m) => m.version)).toEqual([3, 4]);
+    } finally {
+      await reader.end();
+      await producers.stop();
+    }
+    // Without the lock timeout every producer would wait the whole 3 s behind the ALTER's lock request.
+    const longest = Math.max(...producers.commits.map((c) => c.end - c.start));
+    console.log(
+      `[migrate-live] behind a ${HOLD_MS} ms transaction: longest producer stall ${Math.round(longest)} ms`,
+    );
+    expect(longest).toBeLessThan(1_000);
   });
 });

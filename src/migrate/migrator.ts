@@ -1,3 +1,4 @@
+import { setTimeout as delay } from "node:timers/promises";
 import pg from "pg";
 import { MigrationError } from "../contract/errors.js";
 import { type AppliedMigrationRow, migrationStatements } from "../sql/migrations.js";
@@ -87,7 +88,7 @@ export async function migrate(options: MigrateOptions): Promise<MigrateResult> {
         if (done.some((row) => row.version === file.version)) continue;
         try {
           if (file.noTransaction) await applyWithoutTransaction(client, file, names, sql);
-          else await applyInTransaction(client, file, names, sql);
+          else await applyInTransactionRetrying(client, file, names, sql);
         } catch (error) {
           throw new MigrationError(
             `migration ${file.name} failed on schema "${names.schema}": ${String(error)}`,
@@ -111,6 +112,40 @@ export async function migrate(options: MigrateOptions): Promise<MigrateResult> {
 
 type Statements = ReturnType<typeof migrationStatements>;
 type Names = ReturnType<typeof outboxNames>;
+
+/** SQLSTATE lock_not_available: a migration's `SET LOCAL lock_timeout` ran out waiting for a table lock. */
+const LOCK_NOT_AVAILABLE = "55P03";
+const LOCK_ATTEMPTS = 30;
+
+/**
+ * A migration that changes the messages table sets a short lock_timeout: waiting behind a long
+ * transaction would queue every producer behind its lock request. It gives up instead, and is retried
+ * here after a pause in which producers go on (up to about a minute in all).
+ */
+async function applyInTransactionRetrying(
+  client: pg.ClientBase,
+  file: MigrationFile,
+  names: Names,
+  sql: Statements,
+) {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await applyInTransaction(client, file, names, sql);
+    } catch (error) {
+      const code = (error as { code?: unknown }).code;
+      if (code !== LOCK_NOT_AVAILABLE || attempt >= LOCK_ATTEMPTS) {
+        if (code === LOCK_NOT_AVAILABLE) {
+          throw new Error(
+            `a table lock was not available in ${LOCK_ATTEMPTS} tries: a long transaction on the outbox tables holds it (see pg_stat_activity)`,
+            { cause: error },
+          );
+        }
+        throw error;
+      }
+      await delay(Math.min(2000, 100 * 2 ** attempt) * (0.5 + Math.random() / 2));
+    }
+  }
+}
 
 async function applyInTransaction(client: pg.ClientBase, file: MigrationFile, names: Names, sql: Statements) {
   await client.query("BEGIN");
