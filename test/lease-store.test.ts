@@ -31,10 +31,10 @@ leaseStoreContract("postgres", (): LeaseStoreHarness => {
       if (!cleared) await db.pool.query(`DELETE FROM ${m}`);
       cleared = true;
       const { rows } = await db.pool.query<{ id: string }>(
-        `INSERT INTO ${m} (queue, payload, available_at)
-         SELECT $1, '{}', now() + $3::double precision * interval '1 millisecond' FROM generate_series(1, $2)
+        `INSERT INTO ${m} (queue, payload, available_at, key)
+         SELECT $1, '{}', now() + $3::double precision * interval '1 millisecond', $4 FROM generate_series(1, $2)
          RETURNING id::text`,
-        [queue, n, options.delayMs ?? 0],
+        [queue, n, options.delayMs ?? 0, options.key ?? null],
       );
       return rows.map((r) => r.id);
     },

@@ -4,9 +4,14 @@ import type { Delivery, LeaseStore } from "../../src/lease/store.js";
 /** What the contract needs to see and steer in a store's backing table. */
 export interface LeaseStoreHarness {
   /** A store for the queues `a` and `b`; a second call is a second worker on the same table. */
-  store(options?: { leaseTtlMs?: number; workerId?: string; maxErrorLength?: number }): LeaseStore;
-  /** `n` new rows in `queue`, due now unless delayed; ids in insertion (= age) order. */
-  insert(queue: string, n: number, options?: { delayMs?: number }): Promise<string[]>;
+  store(options?: {
+    leaseTtlMs?: number;
+    workerId?: string;
+    maxErrorLength?: number;
+    unorderedQueues?: string[];
+  }): LeaseStore;
+  /** `n` new rows in `queue`, due now unless delayed, all with `key` if given; ids in insertion (= age) order. */
+  insert(queue: string, n: number, options?: { delayMs?: number; key?: string }): Promise<string[]>;
   /** Every lease ends now (as if its holder stalled past its TTL). */
   expireLeases(): Promise<void>;
   /** Every scheduled row is due now. */
@@ -50,6 +55,49 @@ export function leaseStoreContract(name: string, harness: () => LeaseStoreHarnes
       expect(second.token).not.toBe(first.token);
       expect((await h.row(a[0] ?? ""))?.token).toBe(first.token);
       expect((await store.lease(10)).rows).toEqual([]);
+    });
+
+    it("per-key order: only a key's head is leased; ack or dead-letter hands on to the next, retry does not", async () => {
+      const h = harness();
+      const store = h.store();
+      const k1 = await h.insert("a", 3, { key: "k1" });
+      const [free] = await h.insert("a", 1);
+      const [k2] = await h.insert("a", 1, { key: "k2" });
+      const ids = async (limit = 10) => {
+        const lease = await store.lease(limit);
+        return { token: lease.token, ids: lease.rows.map((r) => r.id) };
+      };
+      const first = await ids();
+      expect(first.ids).toEqual([k1[0], free, k2]);
+      // A retry keeps the head in place: the next row of its key stays blocked.
+      const [h1] = deliveries(first.token, [k1[0] as string]);
+      await store.retry([{ held: h1 as Delivery, delayMs: 0, error: "x", failed: 1 }]);
+      const again = await ids();
+      expect(again.ids).toEqual([k1[0]]);
+      // Acked (key unknown to the caller: treated as keyed), the head hands on to the next row of its key.
+      expect((await store.ack(deliveries(again.token, again.ids).map((held) => ({ held })))).count).toBe(1);
+      const next = await ids();
+      expect(next.ids).toEqual([k1[1]]);
+      // Dead-lettered, likewise.
+      const dead = deliveries(next.token, next.ids).map((held) => ({
+        held,
+        reason: "rejected",
+        error: "x",
+        attempted: 1 as const,
+        failed: 1 as const,
+      }));
+      expect((await store.deadLetter(dead)).count).toBe(1);
+      expect((await ids()).ids).toEqual([k1[2]]);
+      expect(await ids()).toMatchObject({ ids: [] });
+    });
+
+    it("per-key order is off for unordered queues: every due row of a key is leased", async () => {
+      const h = harness();
+      const keyed = await h.insert("b", 3, { key: "k" });
+      const [other] = await h.insert("a", 2, { key: "j" });
+      const store = h.store({ unorderedQueues: ["b"] });
+      const lease = await store.lease(10);
+      expect(lease.rows.map((r) => r.id).sort()).toEqual([...keyed, other].sort());
     });
 
     it("takes over an expired lease under a new token; the old delivery's writes land nowhere", async () => {
