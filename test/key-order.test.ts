@@ -204,6 +204,27 @@ describe("per-key ordering", () => {
     expect(t.maxPerKey()).toBe(1);
   });
 
+  it("a key whose head was deleted by hand goes on with its next message (the head repair)", async () => {
+    const t = tracker();
+    const [gone, second, third] = await publishMany(
+      "by-hand",
+      [1, 2, 3].map((n) => ({ payload: { n }, key: "a" })),
+    );
+    // An operator removes the head outside the worker: nothing promotes the next row.
+    await db.pool.query(`DELETE FROM ${db.names.messages} WHERE id = $1`, [gone]);
+    const log = memoryLogger();
+    await workers.start({
+      logger: log.logger,
+      concurrency: 4,
+      queues: { "by-hand": (_p, m) => t.run(m, async () => {}) },
+    });
+    await until(async () => (await remaining()) === 0, "the key's other messages handled");
+    expect(t.done("a")).toEqual([second, third]);
+    expect(log.lines.filter((l) => l.msg.startsWith("keys without a head"))).toMatchObject([
+      { keys: 1, ids: [second] },
+    ]);
+  });
+
   it("an unordered queue (ordered: false) runs same-key messages in parallel", async () => {
     const t = tracker();
     const release = gate();

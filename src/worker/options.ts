@@ -35,6 +35,7 @@ export const workerTuningShape = {
   loopBackoffBaseMs: positiveMs(60_000).default(100),
   loopBackoffMaxMs: positiveMs(600_000).default(10_000),
   stopTimeoutMs: z.number().int().min(0).max(3_600_000).default(30_000),
+  keyHeadRepairIntervalMs: z.number().int().min(1000).max(86_400_000).default(60_000),
   maxErrorLength: z.number().int().min(100).max(1_000_000).default(4000),
 };
 

@@ -6,6 +6,7 @@ import { outboxNames } from "../sql/names.js";
 import { redactConnectionString, registerUrlSecrets } from "../util/redact.js";
 import { createEngine, type StopResult, within } from "./engine.js";
 import { WorkerEmitter, type WorkerEventName, type WorkerEvents } from "./events.js";
+import { KeyHeadRepair } from "./key-head-repair.js";
 import { LoopHealth } from "./loop-health.js";
 import { type ResolvedOptions, resolveWorkerOptions, type WorkerOptions } from "./options.js";
 
@@ -106,6 +107,17 @@ export function createWorker(input: WorkerOptions): Worker {
     onFatal: fatal,
   });
   let warnedPollOnly = false;
+  const keyHeadRepair = new KeyHeadRepair({
+    pool: () => {
+      if (!pool) throw new Error("worker is not started");
+      return pool;
+    },
+    names,
+    queues: queueNames.filter((q) => !unorderedQueueNames.includes(q)),
+    intervalMs: options.keyHeadRepairIntervalMs,
+    queryTimeoutMs: options.queryTimeoutMs,
+    log,
+  });
 
   async function start(): Promise<void> {
     if (state !== "new") throw new Error(`worker cannot start: it is ${state}`);
@@ -180,6 +192,7 @@ export function createWorker(input: WorkerOptions): Worker {
     // LISTEN first, then the first fetch: a row committed in between is either seen by that fetch or
     // announced to a listener that is already there, never neither.
     engine.startFetching();
+    keyHeadRepair.start();
     emitter.emit("started", { workerId: options.workerId, queues: queueNames });
   }
 
@@ -187,6 +200,7 @@ export function createWorker(input: WorkerOptions): Worker {
     log.info({ timeoutMs }, "worker stopping: no new leases");
     // The listener stops alongside the fetcher: no wake-up matters any more.
     const result = await engine.shutdown(timeoutMs, notifier?.stop());
+    await keyHeadRepair.stop();
     if (ownsPool) await within(pool?.end().catch(() => {}) ?? Promise.resolve(), Math.max(1000, timeoutMs));
     return result;
   }
