@@ -1,6 +1,8 @@
 import type { PoolClient } from "pg";
 import { beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { constant, type MessageContext, PermanentError, replayDeadLetters } from "../src/index.js";
+import { runQuery } from "../src/sql/executor.js";
+import { repairKeyHeadsStatement } from "../src/sql/key-heads.js";
 import { testDatabase } from "./helpers/database.js";
 import { memoryLogger } from "./helpers/memory-logger.js";
 import { publisherFor, until, workerFactory } from "./helpers/worker.js";
@@ -223,6 +225,30 @@ describe("per-key ordering", () => {
     expect(log.lines.filter((l) => l.msg.startsWith("keys without a head"))).toMatchObject([
       { keys: 1, ids: [second] },
     ]);
+  });
+
+  it("the head repair leaves a key alone while it has a head, even behind an older row put back", async () => {
+    // A replayed dead letter comes back with its old id, behind the head in flight: not a headless key.
+    const [older] = await publishMany("repair", [{ payload: { n: 0 } }]);
+    await db.pool.query(`DELETE FROM ${db.names.messages} WHERE id = $1`, [older]);
+    const [head] = await publishMany("repair", [{ payload: { n: 1 }, key: "z" }]);
+    await db.pool.query(
+      `INSERT INTO ${db.names.messages} (id, queue, payload, key) OVERRIDING SYSTEM VALUE
+       VALUES ($1, 'repair', '{"n":0}', 'z')`,
+      [older],
+    );
+    const repair = repairKeyHeadsStatement(db.names);
+    expect(await runQuery(db.pool, repair, { queues: ["repair"] })).toEqual([]);
+    const { rows } = await db.pool.query(
+      `SELECT id::text, head FROM ${db.names.messages} WHERE key = 'z' ORDER BY id`,
+    );
+    expect(rows).toEqual([
+      { id: older, head: false },
+      { id: head, head: true },
+    ]);
+    // Once the head is gone, the repair makes the oldest row left the head.
+    await db.pool.query(`DELETE FROM ${db.names.messages} WHERE id = $1`, [head]);
+    expect(await runQuery(db.pool, repair, { queues: ["repair"] })).toEqual([{ id: older }]);
   });
 
   it("an unordered queue (ordered: false) runs same-key messages in parallel", async () => {
