@@ -9,7 +9,11 @@ import { type QueueDefinition, validateQueueName } from "./queue.js";
 
 /** Per-message options of `publish`. */
 export interface PublishOptions {
-  /** Ordering / partition key: messages with the same key are delivered in publish order (engine feature). */
+  /**
+   * Ordering key: messages of a queue with the same key are handled one at a time, in publish order. The
+   * key's advisory lock is taken before the id and held until your transaction ends: another transaction
+   * publishing the same key waits for it, so ids (and delivery) follow commit order.
+   */
   key?: string;
   /** Deliver no earlier than this many milliseconds after the producer's transaction started (server clock). */
   delayMs?: number;
