@@ -128,10 +128,11 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
         return result;
       });
       const busy = new Set(row?.busy ?? []);
+      // Null keys: every delivery not busy was written.
+      const wrote = row?.keys ? new Set(row.keys) : undefined;
       for (const w of pending) {
         const k = key(w.held);
-        if (busy.has(k)) continue;
-        if (!row?.keys || row.keys.includes(k)) written.add(k);
+        if (!busy.has(k) && (wrote === undefined || wrote.has(k))) written.add(k);
       }
       if (busy.size === 0) break;
       options.onKeyBusy?.(busy.size);
