@@ -22,7 +22,7 @@ import {
   until,
 } from "./lib.js";
 import { graphilePeer } from "./peers/graphile.js";
-import { outboxPeer } from "./peers/outbox.js";
+import { outboxPeer, withoutKeyTrigger } from "./peers/outbox.js";
 import type { Peer } from "./peers/peer.js";
 import { QUEUE, vacuumSchema } from "./peers/peer.js";
 import { pgbossPeer } from "./peers/pgboss.js";
@@ -31,7 +31,17 @@ import { type SqlVariant, sqlDrain } from "./peers/sql.js";
 export type PeerName = "outbox" | "graphile" | "pgboss";
 
 export type JobSpec =
-  | { kind: "drain"; peer: PeerName; concurrency: number; rows: number; tuning?: Record<string, number> }
+  | {
+      kind: "drain";
+      peer: PeerName;
+      concurrency: number;
+      rows: number;
+      tuning?: Record<string, number>;
+      /** Rows over this many ordering keys, in each peer's per-key FIFO (see Peer.fill); keyless if unset. */
+      keys?: number;
+      /** Stop after this long even if rows are left (a peer too slow to drain them): the rate is of the rows handled. */
+      maxSeconds?: number;
+    }
   | { kind: "sql"; variant: SqlVariant; connections: number; rows: number }
   | {
       kind: "latency";
@@ -44,7 +54,18 @@ export type JobSpec =
       mode?: string;
     }
   | { kind: "producer"; peer: PeerName; mode: string; clients: number; seconds: number; batch?: number }
-  | { kind: "scale"; sizes: number[]; concurrency: number; timed: number };
+  | { kind: "scale"; sizes: number[]; concurrency: number; timed: number }
+  | {
+      kind: "hotKey";
+      concurrency: number;
+      /** Rows of the one hot key (0: the baseline, the other keys alone). */
+      hotRows: number;
+      keys: number;
+      perKey: number;
+      /** How long the hot key's progress is watched once the other keys are done. */
+      hotSeconds: number;
+    }
+  | { kind: "keyScale"; rows: number; keys: number; timed: number };
 
 export interface DrainResult {
   rate: number;
@@ -59,6 +80,10 @@ export interface DrainResult {
   /** CPU ms per 1000 messages: the worker process and the rest of the machine (Postgres). */
   cpuNode: number;
   cpuRest: number;
+  /** Keyed drains: handler starts that came before an earlier row of their key (per-key FIFO broken). */
+  orderViolations?: number;
+  /** Set when `maxSeconds` ended the drain first: the rows handled by then. */
+  partial?: number;
 }
 export interface LatencyResult {
   p50: number;
@@ -96,10 +121,50 @@ export interface ScaleResult {
   roundTrips: number;
 }
 
-function peerFor(name: PeerName, schema: string, notify = true): Peer {
+export interface HotKeyResult {
+  /** The other keys' rows: from the first handler start until none is left in the table. */
+  otherRate: number;
+  otherSeconds: number;
+  /** Hot-key rows handled while the other keys drained, per second of that drain. */
+  hotRateMixed: number;
+  /** Hot-key rows per second once the other keys are done (the hot key alone). */
+  hotRateAlone: number;
+  /** Median time from one hot-key handler start to the next, hot key alone. */
+  hotGapMs: number;
+  /** Lease statements per hot-key row, hot key alone (1: one fetch per row, more: empty polls). */
+  leasesPerHotRow: number;
+  /** Median client-side ms of the worker's statements (by label), hot key alone. */
+  statementMs: Record<string, number>;
+  orderViolations: number;
+  plans: PlanCheck[];
+}
+export interface KeyScaleResult {
+  plans: PlanCheck[];
+  /** Isolated times (ms) per rows leased: the fetch, and the completion (keyed: the ack transaction). */
+  timedFetch: { limit: number; p50: number; p99: number }[];
+  timedAck: { limit: number; p50: number; p99: number }[];
+}
+
+function peerFor(name: PeerName, schema: string, notify = true, keyed = false): Peer {
   if (name === "outbox") return outboxPeer(schema);
   if (name === "graphile") return graphilePeer(schema);
-  return pgbossPeer(schema, notify);
+  return pgbossPeer(schema, notify, keyed);
+}
+
+/** Counts handler starts that came before an earlier row of their key (keys: row n has key n % keys). */
+function orderCheck(keys: number): { see(n: number): void; readonly violations: number } {
+  const last = new Map<number, number>();
+  let violations = 0;
+  return {
+    see(n) {
+      const k = n % keys;
+      if ((last.get(k) ?? Number.NEGATIVE_INFINITY) > n) violations++;
+      last.set(k, Math.max(n, last.get(k) ?? n));
+    },
+    get violations() {
+      return violations;
+    },
+  };
 }
 
 const MB = 2 ** 20;
@@ -112,9 +177,10 @@ async function checkpoint(): Promise<void> {
 }
 
 async function drain(spec: Extract<JobSpec, { kind: "drain" }>): Promise<DrainResult> {
-  const peer = peerFor(spec.peer, `bench_drain_${spec.peer}`);
+  const peer = peerFor(spec.peer, `bench_drain_${spec.peer}${spec.keys ? "_keyed" : ""}`, true, !!spec.keys);
   await peer.setup();
-  await peer.fill(spec.rows);
+  await peer.fill(spec.rows, spec.keys);
+  const order = spec.keys ? orderCheck(spec.keys) : undefined;
   const queries = instrumentQueries();
   const lo = Math.floor(spec.rows * 0.1);
   const hi = Math.floor(spec.rows * 0.9);
@@ -128,31 +194,36 @@ async function drain(spec: Extract<JobSpec, { kind: "drain" }>): Promise<DrainRe
     concurrency: spec.concurrency,
     listen: true,
     ...(spec.tuning ? { tuning: spec.tuning } : {}),
-    onJob: () => {
+    onJob: (p) => {
       if (handled === 0) first = performance.now();
       handled++;
+      order?.see(p.orderId);
       if (handled === lo) atLo = queries.count;
       if (handled === hi) atHi = queries.count;
     },
   });
-  await until(() => handled >= spec.rows, 600_000, 1);
-  await until(async () => (await peer.remaining()) === 0, 60_000, 2);
+  const cap = (spec.maxSeconds ?? Number.POSITIVE_INFINITY) * 1000;
+  await until(() => handled >= spec.rows || (handled > 0 && performance.now() - first > cap), 600_000, 1);
+  const partial = handled < spec.rows;
+  if (!partial) await until(async () => (await peer.remaining()) === 0, 60_000, 2);
   const seconds = (performance.now() - first) / 1000;
   const used = cpu.stop();
   const rssMb = Math.max(...rss.stop()) / MB;
   await peer.stopWorker();
   await peer.teardown();
-  if (handled !== spec.rows) throw new Error(`${handled} handler calls for ${spec.rows} rows`);
+  if (handled !== spec.rows && !partial) throw new Error(`${handled} handler calls for ${spec.rows} rows`);
   const lease = queries.timings.get("lease");
   const ack = queries.timings.get("ack");
   return {
-    rate: spec.rows / seconds,
+    rate: handled / seconds,
     seconds,
-    roundTrips: (atHi - atLo) / (hi - lo),
+    roundTrips: handled >= hi ? (atHi - atLo) / (hi - lo) : Number.NaN,
     rssMb,
-    cpuNode: (used.node * 1e6) / spec.rows,
-    cpuRest: (used.rest * 1e6) / spec.rows,
+    cpuNode: (used.node * 1e6) / handled,
+    cpuRest: (used.rest * 1e6) / handled,
     ...(lease && ack ? { leaseMs: median(lease), ackMs: median(ack), leases: lease.length } : {}),
+    ...(order ? { orderViolations: order.violations } : {}),
+    ...(partial ? { partial: handled } : {}),
   };
 }
 
@@ -278,21 +349,33 @@ function scans(plan: Record<string, unknown>, out: string[] = []): string[] {
   return out;
 }
 
-async function explainStatements(pool: pg.Pool, schema: string, rows: number): Promise<PlanCheck[]> {
+/**
+ * EXPLAIN (ANALYZE) of the fetch and the ack as the worker prepares them, custom and generic plans. `keyed`:
+ * the ack is the keyed one (`ack_keyed`, what a batch with keyed rows runs), followed by the promotion of
+ * the acked heads' successors (`promote`, same transaction), explained too.
+ */
+async function explainStatements(
+  pool: pg.Pool,
+  schema: string,
+  rows: number,
+  keyed = false,
+): Promise<PlanCheck[]> {
   const names = outboxNames(schema);
   const fetchSql = fetchStatement(names, { synchronousCommit: false }).statement.text;
-  const ackSql = completeStatements(names, { synchronousCommit: false }).ack.statement.text;
+  const complete = completeStatements(names, { synchronousCommit: false });
+  const ackSql = (keyed ? complete.ackKeyed : complete.ack).statement.text;
   const checks: PlanCheck[] = [];
   const client = await pool.connect();
   try {
-    await client.query(`PREPARE lease(text[], int, uuid, double precision, text) AS ${fetchSql}`);
+    await client.query(`PREPARE lease(text[], int, uuid, double precision, text, text[]) AS ${fetchSql}`);
     await client.query(`PREPARE ack(bigint[], uuid[]) AS ${ackSql}`);
+    if (keyed) await client.query(`PREPARE promote(text[], text[]) AS ${complete.promote.statement.text}`);
     for (const mode of ["custom", "generic"] as const) {
       await client.query(`SET plan_cache_mode = force_${mode}_plan`);
       await client.query("BEGIN");
       const token = randomUUID();
       const lease = await client.query(
-        `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE lease('{${QUEUE}}', 500, '${token}', 30000, 'explain')`,
+        `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE lease('{${QUEUE}}', 500, '${token}', 30000, 'explain', '{}')`,
       );
       const fetchPlan = lease.rows[0]["QUERY PLAN"][0];
       // Lease 500 more for real (in the same transaction) and explain deleting them, fenced by token.
@@ -307,11 +390,20 @@ async function explainStatements(pool: pg.Pool, schema: string, rows: number): P
       const tokens = `{${leased.map(() => token).join(",")}}`;
       const ack = await client.query(`EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE ack('${ids}', '${tokens}')`);
       const ackPlan = ack.rows[0]["QUERY PLAN"][0];
+      const explained: [string, Plan, string[]][] = [
+        ["fetch", fetchPlan, ["messages_head_ready_idx", "messages_leased_idx", "messages_pkey"]],
+        [keyed ? "ack (keyed)" : "ack", ackPlan, []],
+      ];
+      if (keyed) {
+        // The leased rows were heads (keys are plain text here: k<n> and "hot", no quoting needed).
+        const keyOfRows = leased.flatMap((r) => (r.key === null ? [] : [r.key]));
+        const promote = await client.query(
+          `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE promote('{${keyOfRows.map(() => QUEUE).join(",")}}', '{${keyOfRows.join(",")}}')`,
+        );
+        explained.push(["promote", promote.rows[0]["QUERY PLAN"][0], ["messages_key_idx"]]);
+      }
       await client.query("ROLLBACK");
-      for (const [statement, plan, mustUse] of [
-        ["fetch", fetchPlan, ["messages_ready_idx", "messages_leased_idx", "messages_pkey"]],
-        ["ack", ackPlan, []],
-      ] as [string, { Plan: Record<string, unknown>; "Execution Time": number; JIT?: unknown }, string[]][]) {
+      for (const [statement, plan, mustUse] of explained) {
         const found = scans(plan.Plan);
         const ok =
           !found.some((s) => / on messages$/.test(s) || /Seq Scan|Bitmap/.test(s)) &&
@@ -332,11 +424,14 @@ async function explainStatements(pool: pg.Pool, schema: string, rows: number): P
     await client.query("ROLLBACK").catch(() => {});
     await client.query("DEALLOCATE lease").catch(() => {});
     await client.query("DEALLOCATE ack").catch(() => {});
+    if (keyed) await client.query("DEALLOCATE promote").catch(() => {});
     await client.query("RESET plan_cache_mode").catch(() => {});
     client.release();
   }
   return checks;
 }
+
+type Plan = { Plan: Record<string, unknown>; "Execution Time": number; JIT?: unknown };
 
 async function scale(spec: Extract<JobSpec, { kind: "scale" }>): Promise<ScaleResult> {
   const schema = "bench_scale";
@@ -408,6 +503,199 @@ async function scale(spec: Extract<JobSpec, { kind: "scale" }>): Promise<ScaleRe
   return { plans, timedFetch, timedAck, ...drained };
 }
 
+/** Heads and rows of a freshly filled schema: a fill that set `head` wrong would measure nothing real. */
+async function checkHeads(pool: pg.Pool, schema: string, rows: number, heads: number): Promise<void> {
+  const { rows: r } = await pool.query(
+    `SELECT count(*)::int AS n, count(*) FILTER (WHERE head)::int AS heads FROM ${outboxNames(schema).messages}`,
+  );
+  if (r[0].n !== rows || r[0].heads !== heads) {
+    throw new Error(`fill: ${r[0].n} rows with ${r[0].heads} heads, expected ${rows} with ${heads}`);
+  }
+}
+
+/**
+ * One hot key holding `hotRows` rows among `keys` × `perKey` rows of other keys (interleaved in id order),
+ * one worker with default options: how fast the other keys drain, and how the hot key proceeds meanwhile
+ * and alone. The hot rows carry negative orderIds (-1, -2, … in id order), the others n with key n % keys.
+ */
+async function hotKey(spec: Extract<JobSpec, { kind: "hotKey" }>): Promise<HotKeyResult> {
+  const schema = "bench_hot";
+  const m = outboxNames(schema).messages;
+  const peer = outboxPeer(schema);
+  const pool = new pg.Pool({ connectionString: DATABASE_URL, max: 2 });
+  await peer.setup();
+  const others = spec.keys * spec.perKey;
+  const parts = [
+    `SELECT g, 'k' || (g % ${spec.keys}), g <= ${spec.keys}, g::float8 / ${others} FROM generate_series(1, ${others}) AS g`,
+  ];
+  if (spec.hotRows > 0) {
+    parts.push(
+      `SELECT -g, 'hot', g = 1, g::float8 / ${spec.hotRows} FROM generate_series(1, ${spec.hotRows}) AS g`,
+    );
+  }
+  await withoutKeyTrigger(
+    pool,
+    schema,
+    `INSERT INTO ${m} (queue, payload, key, head)
+     SELECT '${QUEUE}', ${PAYLOAD_SQL}, s.key, s.head FROM (${parts.join(" UNION ALL ")}) AS s(g, key, head, pos)
+     ORDER BY s.pos, s.g`,
+  );
+  await checkHeads(pool, schema, others + spec.hotRows, spec.keys + (spec.hotRows > 0 ? 1 : 0));
+  await vacuumSchema(pool, schema);
+  const plans = await explainStatements(pool, schema, others + spec.hotRows, true);
+
+  const queries = instrumentQueries();
+  const order = orderCheck(spec.keys);
+  let first = 0;
+  let other = 0;
+  let hot = 0;
+  let lastHot = 0;
+  let hotViolations = 0;
+  const hotStarts: number[] = [];
+  await peer.startWorker({
+    concurrency: spec.concurrency,
+    listen: true,
+    onJob: (p) => {
+      const now = performance.now();
+      if (first === 0) first = now;
+      if (p.orderId < 0) {
+        hot++;
+        if (-p.orderId !== lastHot + 1) hotViolations++;
+        lastHot = -p.orderId;
+        hotStarts.push(now);
+      } else {
+        other++;
+        order.see(p.orderId);
+      }
+    },
+  });
+  await until(() => other >= others, Number(process.env.BENCH_UNTIL_MS ?? 600_000), 1).catch((e) => {
+    throw new Error(`${e}: ${other} of ${others} other-key rows, ${hot} hot rows handled`);
+  });
+  await until(
+    async () => (await pool.query(`SELECT count(*)::int AS n FROM ${m} WHERE key <> 'hot'`)).rows[0].n === 0,
+    60_000,
+    2,
+  );
+  const otherSeconds = (performance.now() - first) / 1000;
+  const hotMixed = hot;
+  let hotRateAlone = Number.NaN;
+  let hotGapMs = Number.NaN;
+  let leasesPerHotRow = Number.NaN;
+  const statementMs: Record<string, number> = {};
+  if (spec.hotRows > 0) {
+    const mark = new Map([...queries.timings].map(([label, xs]) => [label, xs.length]));
+    const h0 = hot;
+    const t0 = performance.now();
+    await sleep(spec.hotSeconds * 1000);
+    const alone = hot - h0;
+    hotRateAlone = alone / ((performance.now() - t0) / 1000);
+    const starts = hotStarts.slice(h0);
+    hotGapMs = median(starts.slice(1).map((t, i) => t - (starts[i] ?? t)));
+    for (const [label, xs] of queries.timings) {
+      const since = xs.slice(mark.get(label) ?? 0);
+      if (since.length) statementMs[label] = median(since);
+    }
+    const leases = (queries.timings.get("lease")?.length ?? 0) - (mark.get("lease") ?? 0);
+    leasesPerHotRow = leases / alone;
+  }
+  await peer.stopWorker();
+  await pool.end();
+  await peer.teardown();
+  if (other !== others) throw new Error(`${other} handler calls for ${others} other-key rows`);
+  return {
+    otherRate: others / otherSeconds,
+    otherSeconds,
+    hotRateMixed: hotMixed / otherSeconds,
+    hotRateAlone,
+    hotGapMs,
+    leasesPerHotRow,
+    statementMs,
+    orderViolations: order.violations + hotViolations,
+    plans,
+  };
+}
+
+/**
+ * The fetch and the completion alone at `rows` rows, keyless (keys 0) or over `keys` keys (rows / keys per
+ * key, interleaved): `timed` rounds of "lease N, then complete them" per N, as the worker runs them
+ * (prepared; keyed: BEGIN, ack_keyed, promote, COMMIT, so the next heads are there for the next round).
+ */
+async function keyScale(spec: Extract<JobSpec, { kind: "keyScale" }>): Promise<KeyScaleResult> {
+  const schema = "bench_key_scale";
+  const names = outboxNames(schema);
+  const peer = outboxPeer(schema);
+  const pool = new pg.Pool({ connectionString: DATABASE_URL, max: 2 });
+  await peer.setup();
+  // In slices, so no single transaction holds a million new rows.
+  for (let a = 1; a <= spec.rows; a += 250_000) {
+    const b = Math.min(spec.rows, a + 249_999);
+    if (spec.keys > 0) {
+      await withoutKeyTrigger(
+        pool,
+        schema,
+        `INSERT INTO ${names.messages} (queue, payload, key, head)
+         SELECT '${QUEUE}', ${PAYLOAD_SQL}, 'k' || (g % ${spec.keys}), g <= ${spec.keys}
+         FROM generate_series(${a}, ${b}) AS g`,
+      );
+    } else {
+      await pool.query(
+        `INSERT INTO ${names.messages} (queue, payload)
+         SELECT '${QUEUE}', ${PAYLOAD_SQL} FROM generate_series(${a}, ${b}) AS g`,
+      );
+    }
+  }
+  await checkHeads(pool, schema, spec.rows, spec.keys > 0 ? spec.keys : spec.rows);
+  await vacuumSchema(pool, schema);
+  const plans = await explainStatements(pool, schema, spec.rows, spec.keys > 0);
+
+  const fetch = fetchStatement(names, { synchronousCommit: false });
+  const sql = completeStatements(names, { synchronousCommit: false });
+  const timedFetch: KeyScaleResult["timedFetch"] = [];
+  const timedAck: KeyScaleResult["timedAck"] = [];
+  const client = await pool.connect();
+  for (const limit of [100, 500]) {
+    const fetchMs: number[] = [];
+    const ackMs: number[] = [];
+    for (let i = 0; i < spec.timed; i++) {
+      const token = randomUUID();
+      let t = performance.now();
+      const rows = await runQuery(
+        client,
+        fetch,
+        { queues: [QUEUE], limit, token, leaseTtlMs: 30000, workerId: "timing" },
+        { prepared: true },
+      );
+      fetchMs.push(performance.now() - t);
+      if (rows.length !== limit) throw new Error(`leased ${rows.length} rows, asked for ${limit}`);
+      const pairs = { ids: rows.map((r) => r.id), tokens: rows.map(() => token) };
+      t = performance.now();
+      if (spec.keys > 0) {
+        await client.query("BEGIN");
+        const [done] = await runQuery(client, sql.ackKeyed, pairs, { prepared: true });
+        if (done && done.head_keys.length > 0) {
+          await runQuery(
+            client,
+            sql.promote,
+            { queues: done.head_queues, keys: done.head_keys },
+            { prepared: true },
+          );
+        }
+        await client.query("COMMIT");
+      } else {
+        await runQuery(client, sql.ack, pairs, { prepared: true });
+      }
+      ackMs.push(performance.now() - t);
+    }
+    timedFetch.push({ limit, p50: percentile(fetchMs, 50), p99: percentile(fetchMs, 99) });
+    timedAck.push({ limit, p50: percentile(ackMs, 50), p99: percentile(ackMs, 99) });
+  }
+  client.release();
+  await pool.end();
+  await peer.teardown();
+  return { plans, timedFetch, timedAck };
+}
+
 const spec = JSON.parse(process.argv[2] ?? "{}") as JobSpec;
 const result =
   spec.kind === "drain"
@@ -418,7 +706,11 @@ const result =
         ? await latency(spec)
         : spec.kind === "producer"
           ? await producer(spec)
-          : await scale(spec);
+          : spec.kind === "hotKey"
+            ? await hotKey(spec)
+            : spec.kind === "keyScale"
+              ? await keyScale(spec)
+              : await scale(spec);
 process.stdout.write(`${RESULT_MARK}${JSON.stringify(result)}\n`);
 // Peers may leave timers behind (pg-boss maintenance, pools): the result is out, so leave now.
 process.exit(0);

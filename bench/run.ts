@@ -15,7 +15,9 @@ import os from "node:os";
 import pg from "pg";
 import type {
   DrainResult,
+  HotKeyResult,
   JobSpec,
+  KeyScaleResult,
   LatencyResult,
   PeerName,
   PlanCheck,
@@ -24,6 +26,7 @@ import type {
 } from "./job.js";
 import { arg, DATABASE_URL, fmt, machineCpuSeconds, median, ROOT, range, runJob, sleep } from "./lib.js";
 import { GRAPHILE_LOCAL_QUEUE, GRAPHILE_POLL_ONLY_INTERVAL_MS } from "./peers/graphile.js";
+import { PRODUCER_KEYS } from "./peers/outbox.js";
 import { PGBOSS_POLL_SECONDS, pgbossTuning } from "./peers/pgboss.js";
 import { SQL_BATCH } from "./peers/sql.js";
 
@@ -36,6 +39,16 @@ const P = quick
       producerSeconds: 2,
       scaleSizes: [10_000, 100_000],
       timed: 50,
+      ordering: {
+        rows: 10_000,
+        keys: 2_000,
+        hotRows: 20_000,
+        hotSeconds: 2,
+        scaleRows: 100_000,
+        scaleKeys: 10_000,
+        producerSeconds: 2,
+        cappedSeconds: 10,
+      },
     }
   : {
       runs: 3,
@@ -44,9 +57,19 @@ const P = quick
       producerSeconds: 10,
       scaleSizes: [10_000, 100_000, 1_000_000],
       timed: 200,
+      ordering: {
+        rows: 50_000,
+        keys: 10_000,
+        hotRows: 100_000,
+        hotSeconds: 5,
+        scaleRows: 1_000_000,
+        scaleKeys: 100_000,
+        producerSeconds: 10,
+        cappedSeconds: 20,
+      },
     };
 const runs = Number(arg("runs", String(P.runs)));
-const only = arg("only", "drain,latency,producer,scale").split(",");
+const only = arg("only", "drain,latency,producer,scale,ordering").split(",");
 const out = arg("out", `${ROOT}bench/${quick ? "RESULTS.quick.md" : "RESULTS.md"}`);
 const CONCURRENCIES = [10, 32];
 const SQL_CONNECTIONS = [2, 4];
@@ -413,6 +436,11 @@ async function producerSection() {
       spec: { peer: "outbox", mode: "default" },
     },
     {
+      key: "keyed",
+      label: `this project: \`publish\` with a key (${fmt(PRODUCER_KEYS)} keys: key lock + key-head trigger), throttled wake-ups`,
+      spec: { peer: "outbox", mode: "keyed" },
+    },
+    {
       key: "silent",
       label: "this project: `publish`, wake-ups off (`notify: false`)",
       spec: { peer: "outbox", mode: "silent" },
@@ -714,13 +742,335 @@ function roundTripSection(drain: Map<string, DrainResult[]> | undefined, scale: 
   }
 }
 
+// ------------------------------------------------------------------------------------------- ordering
+
+/** Cells of a drain row with its per-key order check. */
+const orderCell = (xs: DrainResult[] = []) =>
+  xs.some((x) => x.orderViolations === undefined)
+    ? "–"
+    : String(Math.max(...xs.map((x) => x.orderViolations ?? 0)));
+
+async function orderingSection() {
+  const O = P.ordering;
+  const command = `tsx bench/run.ts ${process.argv.slice(2).join(" ")}`.trim();
+  const drains = new Map<string, DrainResult[]>();
+  const hot: HotKeyResult[] = [];
+  const cold: HotKeyResult[] = [];
+  const scales = new Map<string, KeyScaleResult[]>();
+  const produced = new Map<string, ProducerResult[]>();
+  const add = <T>(m: Map<string, T[]>, key: string, x: T) => m.set(key, [...(m.get(key) ?? []), x]);
+  const systems = [
+    { key: "outbox", peer: "outbox", keys: undefined },
+    { key: "outbox-keyed", peer: "outbox", keys: O.keys },
+    { key: "graphile-keyed", peer: "graphile", keys: O.keys },
+    { key: "pgboss-keyed", peer: "pgboss", keys: O.keys },
+  ] as const;
+  const perKey = O.rows / O.keys;
+  for (let r = 0; r < runs; r++) {
+    for (const c of CONCURRENCIES) {
+      for (const sys of systems) {
+        // pg-boss's key_strict_fifo drains a few hundred rows/s: one capped run, not a full drain per run.
+        const capped = sys.key === "pgboss-keyed";
+        if (capped && r > 0) continue;
+        add(
+          drains,
+          `${sys.key}:${c}`,
+          await job<DrainResult>({
+            kind: "drain",
+            peer: sys.peer,
+            concurrency: c,
+            rows: O.rows,
+            ...(sys.keys ? { keys: sys.keys } : {}),
+            ...(capped ? { maxSeconds: O.cappedSeconds } : {}),
+          }),
+        );
+      }
+    }
+    for (const hotRows of [O.hotRows, 0]) {
+      const res = await job<HotKeyResult>({
+        kind: "hotKey",
+        concurrency: SCALE_CONCURRENCY,
+        hotRows,
+        keys: O.keys,
+        perKey,
+        hotSeconds: O.hotSeconds,
+      });
+      (hotRows > 0 ? hot : cold).push(res);
+    }
+    for (const keys of [0, O.scaleKeys]) {
+      add(
+        scales,
+        String(keys),
+        await job<KeyScaleResult>({ kind: "keyScale", rows: O.scaleRows, keys, timed: P.timed }),
+      );
+    }
+    for (const mode of ["default", "keyed"]) {
+      add(
+        produced,
+        mode,
+        await job<ProducerResult>({
+          kind: "producer",
+          peer: "outbox",
+          mode,
+          clients: CLIENTS,
+          seconds: O.producerSeconds,
+        }),
+      );
+    }
+  }
+
+  say("## 6. Per-key ordering");
+  say();
+  say(
+    `Command: \`${command}\`. Rows with a key are leased only while they head their (queue, key): the fetch reads ` +
+      "`messages_head_ready_idx` (heads only), and an ack or dead-letter move of a head promotes the oldest row " +
+      "left of its key (in a transaction that tries the key's advisory lock). Keyed fills write the rows in one " +
+      "statement with `head` set as the key-head trigger sets it (trigger disabled for the fill: one statement " +
+      "over thousands of keys would hold one advisory lock per key; the trigger's cost is the producer row below); " +
+      "keys interleave in id order (row n has key n mod keys), like real traffic.",
+  );
+  say();
+
+  say(`### 6a. Drain: ${fmt(O.rows)} rows keyless vs over ${fmt(O.keys)} keys (${fmt(perKey)} per key)`);
+  say();
+  say(
+    "As section 1 (one worker process, no-op handler, rows/s from the first handler start until the table is " +
+      "empty), default options but the concurrency. Peers with their own per-key FIFO: graphile-worker a named " +
+      "queue (`queueName`) per key (its named queues run one job at a time, in order), pg-boss a queue with " +
+      "`policy: 'key_strict_fifo'` and the key as `singletonKey` (one run only, and stopped after " +
+      `${O.cappedSeconds} s if rows are left then: its rate is then rows handled ÷ time, marked in the row); their keyless drains are section 1's. ` +
+      '"order violations": handler starts that came before an earlier row of their key (must be 0).',
+  );
+  say();
+  const label: Record<(typeof systems)[number]["key"], string> = {
+    outbox: `${LABEL.outbox}, keyless`,
+    "outbox-keyed": `${LABEL.outbox}, ${fmt(O.keys)} keys`,
+    "graphile-keyed": `${LABEL.graphile}, ${fmt(O.keys)} named queues`,
+    "pgboss-keyed": `${LABEL.pgboss}, \`key_strict_fifo\`, ${fmt(O.keys)} singleton keys`,
+  };
+  const drainRows: string[][] = [];
+  for (const c of CONCURRENCIES) {
+    for (const sys of systems) {
+      const xs = drains.get(`${sys.key}:${c}`);
+      const cut = (xs ?? []).find((x) => x.partial !== undefined);
+      const note = cut ? ` (stopped after ${O.cappedSeconds} s, ${fmt(cut.partial ?? 0)} rows handled)` : "";
+      drainRows.push([...drainRow(`${label[sys.key]}, concurrency ${c}${note}`, xs), orderCell(xs)]);
+    }
+  }
+  table(
+    [
+      "system",
+      "rows/s",
+      "CPU µs/msg, worker",
+      "CPU µs/msg, rest (Postgres)",
+      "statements/msg",
+      "order violations",
+    ],
+    drainRows,
+  );
+  const rate = (key: string) => (drains.get(key) ?? []).map((x) => x.rate);
+  const ratioRows: string[][] = [];
+  for (const c of CONCURRENCIES) {
+    const ordered = rate(`outbox-keyed:${c}`);
+    const own = ratio(ordered, rate(`outbox:${c}`));
+    ratioRows.push([
+      `concurrency ${c}`,
+      own.text,
+      ratio(ordered, rate(`graphile-keyed:${c}`)).text,
+      ratio(ordered, rate(`pgboss-keyed:${c}`)).text,
+    ]);
+    targets.push({
+      what: `ordered drain (${fmt(O.rows)} rows, ${fmt(O.keys)} keys) ≥ 0.8× the keyless drain (concurrency ${c})`,
+      measured: own.text,
+      holds: own.value >= 0.8,
+    });
+  }
+  say("Ratios, this project over keys ÷ each:");
+  say();
+  table(
+    ["", "÷ this project keyless", "÷ graphile-worker named queues", "÷ pg-boss key_strict_fifo"],
+    ratioRows,
+  );
+
+  say(
+    `### 6b. One hot key: ${fmt(O.hotRows)} rows of one key among ${fmt(O.keys)} other keys × ${fmt(perKey)}`,
+  );
+  say();
+  say(
+    `One worker (default options, concurrency ${SCALE_CONCURRENCY}) on ${fmt(O.hotRows)} rows of key "hot" interleaved ` +
+      `in id order with ${fmt(O.keys * perKey)} rows of ${fmt(O.keys)} other keys. The other keys' drain (first handler ` +
+      "start until none of their rows is left) is compared with the same rows and no hot key (its own job, same " +
+      `fill). Then the hot key alone is watched for ${O.hotSeconds} s: rows/s, the time between two of its handler ` +
+      "starts, and the worker's statements in that window (client side, medians).",
+  );
+  say();
+  const hv = (f: (h: HotKeyResult) => number, digits = 0, xs = hot) => mr(xs.map(f), digits);
+  const withHot = hot.map((h) => h.otherRate);
+  const withoutHot = cold.map((h) => h.otherRate);
+  const speed = ratio(withHot, withoutHot);
+  const stmt = (label: string) => (h: HotKeyResult) => h.statementMs[label] ?? Number.NaN;
+  const cycle = hot.map(
+    (h) => (h.statementMs.lease ?? 0) + (h.statementMs.ack ?? 0) + (h.statementMs.promote ?? 0),
+  );
+  table(
+    ["", "value"],
+    [
+      [`other keys' rows/s, hot key present`, hv((h) => h.otherRate)],
+      [`other keys' rows/s, no hot key`, hv((h) => h.otherRate, 0, cold)],
+      ["ratio, hot key present ÷ absent", speed.text],
+      ["hot-key rows/s while the other keys drain", hv((h) => h.hotRateMixed, 1)],
+      ["hot-key rows/s alone", hv((h) => h.hotRateAlone, 1)],
+      ["ms between two hot-key handler starts, alone", hv((h) => h.hotGapMs, 1)],
+      ["lease statements per hot-key row, alone", hv((h) => h.leasesPerHotRow, 2)],
+      ["fetch ms (lease statement), alone", hv(stmt("lease"), 2)],
+      ["keyed ack ms (`ack_keyed`), alone", hv(stmt("ack"), 2)],
+      ["promote ms, alone", hv(stmt("promote"), 2)],
+      ["fetch + ack + promote ms (BEGIN/COMMIT round trips not timed)", mr(cycle, 2)],
+      [
+        "rows/s those statements allow one key (1000 ÷ that sum)",
+        mr(
+          cycle.map((x) => 1000 / x),
+          0,
+        ),
+      ],
+      [
+        "order violations (hot key and the others)",
+        String(Math.max(...[...hot, ...cold].map((h) => h.orderViolations))),
+      ],
+    ],
+  );
+  const hotPlans = hot[0]?.plans ?? [];
+  say(
+    `Plans at ${fmt(O.hotRows + O.keys * perKey)} rows (hot key present, first run), as in section 4: \`EXPLAIN (ANALYZE)\` of the prepared ` +
+      "fetch (lease 500), keyed ack of 500 leased heads and the promotion of their successors, custom and generic plans, rolled back:",
+  );
+  say();
+  table(
+    ["rows", "statement", "plan", "scans (node types, indexes)", "execution ms", "index plan"],
+    hotPlans.map((p) => [fmt(p.rows), p.statement, p.mode, p.scans, fmt(p.ms, 2), p.ok ? "yes" : "**no**"]),
+  );
+  const hotFetchPlans = hot.flatMap((h) => h.plans.filter((p) => p.statement === "fetch"));
+  const bounded = hotFetchPlans.every(
+    (p) => p.ok && p.scans.includes("messages_head_ready_idx") && !/Seq Scan/.test(p.scans),
+  );
+  const violations = Math.max(...[...hot, ...cold].map((h) => h.orderViolations));
+  targets.push({
+    what: `hot key (${fmt(O.hotRows)} rows) + ${fmt(O.keys)} keys: fetch index-bounded (messages_head_ready_idx, no Seq Scan, every run, custom and generic) and the other keys drain at full speed (≥ 0.9× without the hot key), hot key one at a time in order`,
+    measured: `${hotFetchPlans.filter((p) => p.ok).length} of ${hotFetchPlans.length} fetch plans index-only; ${speed.text}; ${violations} order violations`,
+    holds: bounded && speed.value >= 0.9 && violations === 0,
+  });
+
+  const aloneVsStatements = ratio(
+    hot.map((h) => h.hotRateAlone),
+    cycle.map((x) => 1000 / x),
+  );
+  targets.push({
+    what: "hot key alone proceeds at ≈ 1 ÷ (handler + completion): ≥ 0.5× the rate its fetch, ack and promote statements allow one key",
+    measured: `${hv((h) => h.hotRateAlone, 1)} rows/s, ${aloneVsStatements.text} of ${mr(
+      cycle.map((x) => 1000 / x),
+      0,
+    )}`,
+    holds: aloneVsStatements.value >= 0.5,
+  });
+
+  say(`### 6c. Fetch at ${fmt(O.scaleRows)} rows: keyless vs ${fmt(O.scaleKeys)} keys`);
+  say();
+  say(
+    `As section 4's isolated timings: ${fmt(O.scaleRows)} rows, keyless or every row keyed over ${fmt(O.scaleKeys)} keys ` +
+      `(${fmt(O.scaleRows / O.scaleKeys)} per key, so ${fmt(O.scaleKeys)} heads); ${P.timed} rounds per N of "lease N with the fetch ` +
+      `statement, then complete them" on one connection, prepared, as the worker runs them; the keyed completion is ` +
+      "the worker's transaction (BEGIN, `ack_keyed`, `promote`, COMMIT: four round trips), the keyless one the `ack` statement.",
+  );
+  say();
+  const sv = (keys: number, f: (s: KeyScaleResult) => number) => (scales.get(String(keys)) ?? []).map(f);
+  const cell = (keys: number, which: "timedFetch" | "timedAck", limit: number, q: "p50" | "p99") =>
+    sv(keys, (s) => s[which].find((t) => t.limit === limit)?.[q] ?? Number.NaN);
+  const scaleRows: string[][] = [];
+  for (const [which, name] of [
+    ["timedFetch", "fetch, lease"],
+    ["timedAck", "completion of"],
+  ] as const) {
+    for (const limit of [100, OUR_BATCH]) {
+      scaleRows.push([
+        `${name} ${limit}`,
+        mr(cell(0, which, limit, "p50"), 2),
+        mr(cell(0, which, limit, "p99"), 2),
+        mr(cell(O.scaleKeys, which, limit, "p50"), 2),
+        mr(cell(O.scaleKeys, which, limit, "p99"), 2),
+        ratio(cell(O.scaleKeys, which, limit, "p50"), cell(0, which, limit, "p50")).text,
+      ]);
+    }
+  }
+  table(
+    [
+      `at ${fmt(O.scaleRows)} rows`,
+      "keyless p50 ms",
+      "keyless p99 ms",
+      `${fmt(O.scaleKeys)} keys p50 ms`,
+      `${fmt(O.scaleKeys)} keys p99 ms`,
+      "p50 keyed ÷ keyless",
+    ],
+    scaleRows,
+  );
+  const keyedPlans = scales.get(String(O.scaleKeys))?.[0]?.plans ?? [];
+  const keylessPlans = scales.get("0")?.[0]?.plans ?? [];
+  const scalePlans = [...keyedPlans, ...keylessPlans];
+  say("Plans (first run; keyed, then keyless):");
+  say();
+  table(
+    ["rows", "statement", "plan", "scans (node types, indexes)", "execution ms", "index plan"],
+    scalePlans.map((p) => [fmt(p.rows), p.statement, p.mode, p.scans, fmt(p.ms, 2), p.ok ? "yes" : "**no**"]),
+  );
+  const jit = (plans: PlanCheck[], what: string) =>
+    plans.filter((p) => p.scans.includes("JIT")).map((p) => `the ${what} ${p.mode} ${p.statement} plan`);
+  const jitted = [...jit(keyedPlans, "keyed"), ...jit(keylessPlans, "keyless")];
+  if (jitted.length) {
+    say(
+      `JIT: ${jitted.join(", ")} was JIT-compiled, as in section 4: its execution time is mostly the compilation, ` +
+        "and with `plan_cache_mode = auto` the worker keeps the custom plan.",
+    );
+    say();
+  }
+  const fetchRatio = ratio(
+    cell(O.scaleKeys, "timedFetch", OUR_BATCH, "p50"),
+    cell(0, "timedFetch", OUR_BATCH, "p50"),
+  );
+  targets.push({
+    what: `fetch p50 at ${fmt(O.scaleRows)} rows with ${fmt(O.scaleKeys)} keys ≤ 2× the keyless fetch (lease ${OUR_BATCH}, the default batchSize)`,
+    measured: fetchRatio.text,
+    holds: fetchRatio.value <= 2,
+  });
+
+  say("### 6d. Producer: keyed vs keyless `publish`");
+  say();
+  say(
+    `As section 3: ${CLIENTS} clients, ${O.producerSeconds} s, \`BEGIN; publish(); COMMIT\` with the default throttled wake-ups; ` +
+      `keyed: message n with key \`k<n mod ${fmt(PRODUCER_KEYS)}>\` (the key's advisory lock before the id is drawn, and the key-head ` +
+      "trigger: the same lock again and an index probe for an earlier row of the key).",
+  );
+  say();
+  const tx = (mode: string) => (produced.get(mode) ?? []).map((x) => x.txPerSec);
+  table(
+    ["producer", "tx/s", "÷ keyless"],
+    [
+      ["this project: `publish`, keyless", mr(tx("default")), "1.00×"],
+      [
+        `this project: \`publish\` with a key (${fmt(PRODUCER_KEYS)} keys)`,
+        mr(tx("keyed")),
+        ratio(tx("keyed"), tx("default")).text,
+      ],
+    ],
+  );
+}
+
 // ------------------------------------------------------------------------------------------------ run
 
 const drain = only.includes("drain") ? await drainSection() : undefined;
 if (only.includes("latency")) await latencySection();
 if (only.includes("producer")) await producerSection();
 const scale = only.includes("scale") ? (await scaleSection(drain)).results : undefined;
-roundTripSection(drain, scale);
+if (drain || scale) roundTripSection(drain, scale);
+if (only.includes("ordering")) await orderingSection();
 
 say("## Settings per system");
 say();

@@ -11,7 +11,7 @@
 import { EventEmitter } from "node:events";
 import pg from "pg";
 import { DATABASE_URL, payload } from "../lib.js";
-import { adminPool, dropSchema, type Peer, type Producer, QUEUE, vacuumSchema } from "./peer.js";
+import { adminPool, dropSchema, keyOf, type Peer, type Producer, QUEUE, vacuumSchema } from "./peer.js";
 
 interface Runner {
   stop(): Promise<void>;
@@ -19,7 +19,7 @@ interface Runner {
 interface Utils {
   migrate(): Promise<void>;
   addJob(identifier: string, payload: unknown): Promise<unknown>;
-  addJobs(specs: { identifier: string; payload: unknown }[]): Promise<unknown>;
+  addJobs(specs: { identifier: string; payload: unknown; queueName?: string }[]): Promise<unknown>;
   release(): Promise<void>;
 }
 interface GraphileModule {
@@ -55,12 +55,17 @@ export function graphilePeer(schema: string): Peer {
       await u.migrate();
       await u.release();
     },
-    async fill(rows) {
+    async fill(rows, keys) {
       const u = await utils();
       for (let from = 1; from <= rows; from += 5000) {
         const count = Math.min(5000, rows - from + 1);
         await u.addJobs(
-          Array.from({ length: count }, (_, i) => ({ identifier: QUEUE, payload: payload(from + i) })),
+          Array.from({ length: count }, (_, i) => ({
+            identifier: QUEUE,
+            payload: payload(from + i),
+            // A named queue per key: graphile-worker runs a named queue's jobs one at a time, in order.
+            ...(keys ? { queueName: keyOf(from + i, keys) } : {}),
+          })),
         );
       }
       await u.release();

@@ -7,6 +7,7 @@
  * "every" (`publish` notifying in every transaction), "trigger" (a bare INSERT with the optional notify
  * trigger attached): each single-message publish is `BEGIN; …; COMMIT`, as in a producer's own
  * transaction. "autocommit": `publish(pool, …)`, one autocommit statement, the shape of the peers' enqueue.
+ * "keyed": as "default", with an ordering key out of PRODUCER_KEYS keys.
  */
 import pg from "pg";
 import { migrate } from "../../src/migrate/migrator.js";
@@ -15,10 +16,27 @@ import { createPublisher } from "../../src/produce/publisher.js";
 import { outboxNames } from "../../src/sql/names.js";
 import { createWorker, type Worker } from "../../src/worker/worker.js";
 import { DATABASE_URL, PAYLOAD_SQL, payload } from "../lib.js";
-import { adminPool, dropSchema, type Peer, type Producer, QUEUE, vacuumSchema } from "./peer.js";
+import { adminPool, dropSchema, keyOf, type Peer, type Producer, QUEUE, vacuumSchema } from "./peer.js";
 
 export interface OutboxTuning {
   batchSize?: number;
+}
+
+/** The key space of the "keyed" producer mode: message n is published with key `k<n % 10000>`. */
+export const PRODUCER_KEYS = 10_000;
+
+/**
+ * Runs a bulk INSERT (one simple-query text, numbers inlined) with the key-head trigger of migration 0003
+ * disabled: the INSERT sets `head` itself, as the trigger would (the first row of each key heads it). The
+ * trigger takes one advisory lock per key until commit, so one fill statement over more than a few thousand
+ * keys would exhaust the lock table (max_locks_per_transaction); and its cost is a producer cost, measured
+ * by the "keyed" producer mode, not part of a drain. The three statements run as one implicit transaction.
+ */
+export async function withoutKeyTrigger(pool: pg.Pool, schema: string, insert: string): Promise<void> {
+  const m = outboxNames(schema).messages;
+  await pool.query(
+    `ALTER TABLE ${m} DISABLE TRIGGER messages_key_head; ${insert}; ALTER TABLE ${m} ENABLE TRIGGER messages_key_head`,
+  );
 }
 
 export function outboxPeer(schema: string): Peer {
@@ -32,12 +50,22 @@ export function outboxPeer(schema: string): Peer {
       await dropSchema(admin, schema);
       await migrate({ connection: DATABASE_URL, schema });
     },
-    async fill(rows) {
-      await admin.query(
-        `INSERT INTO ${names.messages} (queue, payload)
-         SELECT '${QUEUE}', ${PAYLOAD_SQL} FROM generate_series(1, $1) AS g`,
-        [rows],
-      );
+    async fill(rows, keys) {
+      if (keys) {
+        await withoutKeyTrigger(
+          admin,
+          schema,
+          `INSERT INTO ${names.messages} (queue, payload, key, head)
+           SELECT '${QUEUE}', ${PAYLOAD_SQL}, 'k' || (g % ${Number(keys)}), g <= ${Number(keys)}
+           FROM generate_series(1, ${Number(rows)}) AS g`,
+        );
+      } else {
+        await admin.query(
+          `INSERT INTO ${names.messages} (queue, payload)
+           SELECT '${QUEUE}', ${PAYLOAD_SQL} FROM generate_series(1, $1) AS g`,
+          [rows],
+        );
+      }
       await vacuumSchema(admin, schema);
     },
     async startWorker({ concurrency, listen, onJob, tuning }) {
@@ -110,7 +138,13 @@ export function outboxPeer(schema: string): Peer {
             : inTransaction((client) =>
                 bare
                   ? client.query({ ...plainInsert, values: [QUEUE, JSON.stringify(payload(n))] })
-                  : publisher.publish(client, QUEUE, payload(n)),
+                  : publisher.publish(
+                      client,
+                      QUEUE,
+                      payload(n),
+                      // "keyed": the key's advisory lock (held to commit) and the key-head trigger.
+                      mode === "keyed" ? { key: keyOf(n, PRODUCER_KEYS) } : undefined,
+                    ),
               ),
         publishBatch: (from, count) =>
           inTransaction((client) =>

@@ -6,8 +6,12 @@ export interface Peer {
   readonly name: string;
   /** Create the peer's schema from scratch (dropping a leftover one). */
   setup(): Promise<void>;
-  /** Insert `rows` ready jobs with ~100-byte payloads up front, then VACUUM ANALYZE. */
-  fill(rows: number): Promise<void>;
+  /**
+   * Insert `rows` ready jobs with ~100-byte payloads up front, then VACUUM ANALYZE. With `keys`, job n
+   * (1-based) carries the ordering key `k<n % keys>` (interleaved in id order, like real traffic), in the
+   * peer's per-key FIFO (this project's key, graphile-worker's named queue, pg-boss's singletonKey).
+   */
+  fill(rows: number, keys?: number): Promise<void>;
   /** Start one worker in this process; `onJob` is called as each handler starts, with its payload. */
   startWorker(options: WorkerOptions): Promise<void>;
   stopWorker(): Promise<void>;
@@ -39,6 +43,9 @@ export interface Producer {
 }
 
 export const QUEUE = "bench";
+
+/** The ordering key of job n among `keys` keys (see Peer.fill). */
+export const keyOf = (n: number, keys: number): string => `k${n % keys}`;
 
 /** A small admin pool for setup, fills and polls (never used by the worker under test). */
 export function adminPool(): pg.Pool {

@@ -7,7 +7,7 @@
  * Loaded from bench/node_modules at run time (the root typecheck does not see bench's dependencies).
  */
 import { DATABASE_URL, payload } from "../lib.js";
-import { adminPool, dropSchema, type Peer, type Producer, QUEUE, vacuumSchema } from "./peer.js";
+import { adminPool, dropSchema, keyOf, type Peer, type Producer, QUEUE, vacuumSchema } from "./peer.js";
 
 interface Boss {
   on(event: string, fn: (e: unknown) => void): void;
@@ -15,7 +15,7 @@ interface Boss {
   stop(options?: { graceful?: boolean; timeout?: number; close?: boolean }): Promise<void>;
   createQueue(name: string, options?: Record<string, unknown>): Promise<void>;
   send(name: string, data: object): Promise<string | null>;
-  insert(name: string, jobs: { data: object }[]): Promise<unknown>;
+  insert(name: string, jobs: { data: object; singletonKey?: string }[]): Promise<unknown>;
   work(
     name: string,
     options: Record<string, unknown>,
@@ -34,7 +34,11 @@ export function pgbossTuning(concurrency: number): { batchSize: number; localCon
   return { batchSize: 500, localConcurrency: Math.min(concurrency, 4) };
 }
 
-export function pgbossPeer(schema: string, notify: boolean): Peer {
+/**
+ * `keyed`: the queue is created with `policy: 'key_strict_fifo'` (pg-boss 12's per-key FIFO: a job runs only
+ * after every earlier job of its `singletonKey` completed), and fills put each job's key in `singletonKey`.
+ */
+export function pgbossPeer(schema: string, notify: boolean, keyed = false): Peer {
   const admin = adminPool();
   const bosses: Boss[] = [];
 
@@ -63,16 +67,22 @@ export function pgbossPeer(schema: string, notify: boolean): Peer {
     async setup() {
       await dropSchema(admin, schema);
       const b = await boss(2, false);
-      await b.createQueue(QUEUE, { notify });
+      await b.createQueue(QUEUE, { notify, ...(keyed ? { policy: "key_strict_fifo" } : {}) });
       await stop(b);
     },
-    async fill(rows) {
+    async fill(rows, keys) {
       const b = await boss(2, false);
-      for (let from = 1; from <= rows; from += 5000) {
-        const count = Math.min(5000, rows - from + 1);
+      // key_strict_fifo orders a key by created_on, then by the (random uuid) id: jobs of one insert share
+      // created_on, so each insert holds at most one job per key, and a key's jobs go in in order.
+      const chunk = Math.min(5000, keys ?? 5000);
+      for (let from = 1; from <= rows; from += chunk) {
+        const count = Math.min(chunk, rows - from + 1);
         await b.insert(
           QUEUE,
-          Array.from({ length: count }, (_, i) => ({ data: payload(from + i) })),
+          Array.from({ length: count }, (_, i) => ({
+            data: payload(from + i),
+            ...(keys ? { singletonKey: keyOf(from + i, keys) } : {}),
+          })),
         );
       }
       await stop(b);
