@@ -369,7 +369,10 @@ async function explainStatements(
   try {
     await client.query(`PREPARE lease(text[], int, uuid, double precision, text, text[]) AS ${fetchSql}`);
     await client.query(`PREPARE ack(bigint[], uuid[]) AS ${ackSql}`);
-    if (keyed) await client.query(`PREPARE promote(text[], text[]) AS ${complete.promote.statement.text}`);
+    if (keyed)
+      await client.query(
+        `PREPARE promote(text[], text[], int, uuid, double precision, text) AS ${complete.promote.statement.text}`,
+      );
     for (const mode of ["custom", "generic"] as const) {
       await client.query(`SET plan_cache_mode = force_${mode}_plan`);
       await client.query("BEGIN");
@@ -398,7 +401,7 @@ async function explainStatements(
         // The leased rows were heads (keys are plain text here: k<n> and "hot", no quoting needed).
         const keyOfRows = leased.flatMap((r) => (r.key === null ? [] : [r.key]));
         const promote = await client.query(
-          `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE promote('{${keyOfRows.map(() => QUEUE).join(",")}}', '{${keyOfRows.join(",")}}')`,
+          `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE promote('{${keyOfRows.map(() => QUEUE).join(",")}}', '{${keyOfRows.join(",")}}', 0, '${randomUUID()}', 30000, 'explain')`,
         );
         explained.push(["promote", promote.rows[0]["QUERY PLAN"][0], ["messages_key_idx"]]);
       }
@@ -677,7 +680,15 @@ async function keyScale(spec: Extract<JobSpec, { kind: "keyScale" }>): Promise<K
           await runQuery(
             client,
             sql.promote,
-            { queues: done.head_queues, keys: done.head_keys },
+            // limit 0: promotion only; the next round's fetch leases them (as a worker without room would).
+            {
+              queues: done.head_queues,
+              keys: done.head_keys,
+              limit: 0,
+              token,
+              leaseTtlMs: 30000,
+              workerId: "timing",
+            },
             { prepared: true },
           );
         }

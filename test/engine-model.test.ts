@@ -25,6 +25,8 @@ const LEASE_TTL_MS = 1000;
 
 interface RowSpec {
   queue: number;
+  /** An ordering key (k0–k2), or none: keyed rows exercise per-key order and hand-offs. */
+  key?: number | null;
   /** One per delivery of the row to this engine, in order; later ones resolve. */
   outcomes: HandlerOutcome[];
 }
@@ -56,6 +58,8 @@ interface Harness {
   /** Ids the competitor acknowledged. */
   competitorAcked: string[];
   fatal: Error[];
+  /** Handler starts that came before an earlier row of their key had left the table. */
+  orderViolations: string[];
   listenerErrors: unknown[];
 }
 
@@ -88,13 +92,31 @@ function harness(spec: EngineSpec): Harness {
   });
   const outcomes = new Map<string, HandlerOutcome[]>();
   const ids = spec.rows.map((r) => {
-    const id = table.insert(queues[r.queue % queues.length] as string, { n: 1 });
+    const id = table.insert(
+      queues[r.queue % queues.length] as string,
+      { n: 1 },
+      {
+        key: r.key === undefined || r.key === null ? null : `k${r.key}`,
+      },
+    );
     outcomes.set(id, r.outcomes);
     return id;
   });
   const calls = new Map<string, number>();
   const aborts = new Map<string, unknown[]>();
+  const orderViolations: string[] = [];
   const handler = async (_payload: unknown, message: MessageContext): Promise<void> => {
+    // Per-key order: a keyed row starts only once every earlier row of its key has left the table.
+    for (const r of table.rows.values()) {
+      if (
+        r.queue === message.queue &&
+        message.key !== null &&
+        r.key === message.key &&
+        Number(r.id) < Number(message.id)
+      ) {
+        orderViolations.push(`${message.id} (key ${message.key}) started while ${r.id} was still there`);
+      }
+    }
     const n = calls.get(message.id) ?? 0;
     calls.set(message.id, n + 1);
     const signal = message.signal;
@@ -165,6 +187,7 @@ function harness(spec: EngineSpec): Harness {
     aborts,
     competitorAcked: [],
     fatal,
+    orderViolations,
     listenerErrors,
   };
 }
@@ -219,6 +242,8 @@ function violations(h: Harness, result: StopResult): string[] {
   const { records, events } = h.journal;
   const { byCount, problems } = engineDeliveries(records);
   const engineTokens = h.store.tokens;
+
+  problems.push(...h.orderViolations);
 
   // (b) No write landed under a token the row no longer carried.
   for (const r of records) {
@@ -423,13 +448,20 @@ async function runScenario(s: Scenario): Promise<{ h: Harness; result: StopResul
     result ??= await h.engine.shutdown(0);
   }
   problems.push(...violations(h, result));
-  // Whatever is left is leasable by another worker once this worker's leases run out.
+  // Whatever is left is leasable by another worker once this worker's leases run out: every row that is
+  // not waiting behind an earlier row of its key (the worker never leaves a key without a head).
   h.clock.now += LEASE_TTL_MS + 1;
   const after = await new MemoryLeaseStore(h.table, { queues: [...QUEUES], leaseTtlMs: LEASE_TTL_MS }).lease(
     10_000,
   );
-  if (after.rows.length !== h.table.rows.size) {
-    problems.push(`only ${after.rows.length} of ${h.table.rows.size} remaining rows were leasable again`);
+  const left = [...h.table.rows.values()];
+  const due = left.filter(
+    (r) =>
+      r.key === null ||
+      !left.some((e) => e.queue === r.queue && e.key === r.key && Number(e.id) < Number(r.id)),
+  );
+  if (after.rows.length !== due.length) {
+    problems.push(`only ${after.rows.length} of the ${due.length} remaining due rows were leasable again`);
   }
   return { h, result, problems };
 }
@@ -458,10 +490,17 @@ const step: fc.Arbitrary<Step> = fc.oneof(
   },
 );
 const scenario: fc.Arbitrary<Scenario> = fc.record({
-  rows: fc.array(fc.record({ queue: fc.nat(1), outcomes: fc.array(outcome, { maxLength: 3 }) }), {
-    minLength: 1,
-    maxLength: 40,
-  }),
+  rows: fc.array(
+    fc.record({
+      queue: fc.nat(1),
+      key: fc.option(fc.nat(2), { nil: null }),
+      outcomes: fc.array(outcome, { maxLength: 3 }),
+    }),
+    {
+      minLength: 1,
+      maxLength: 40,
+    },
+  ),
   queueCount: fc.integer({ min: 1, max: 2 }),
   concurrency: fc.integer({ min: 1, max: 4 }),
   batchSize: fc.integer({ min: 1, max: 10 }),

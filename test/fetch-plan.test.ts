@@ -161,15 +161,24 @@ describe(`per-key ordering with one hot key of ${HOT} rows and ${OTHER_KEYS} oth
     const client = await hot.pool.connect();
     try {
       await client.query("SET plan_cache_mode = force_generic_plan");
-      await client.query(`PREPARE p(text[], text[]) AS ${text}`);
+      await client.query(`PREPARE p(text[], text[], int, uuid, double precision, text) AS ${text}`);
       await client.query("BEGIN");
       await client.query(`DELETE FROM ${hot.names.messages} WHERE id = 1`);
-      const { rows } = await client.query("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE p('{q}', '{hot}')");
+      // Promoted and handed off to the caller (limit 1), as a worker with room does.
+      const { rows } = await client.query(
+        `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE p('{q}', '{hot}', 1, '${randomUUID()}', 30000, 'w')`,
+      );
       const plan = rows.map((r) => r["QUERY PLAN"]).join("\n");
       expect(plan).toMatch(/Index (Only )?Scan using messages_key_idx/);
-      expect(plan).not.toMatch(/Seq Scan|Bitmap Heap Scan|Sort/);
-      const head = await client.query(`SELECT id FROM ${hot.names.messages} WHERE key = 'hot' AND head`);
-      expect(head.rows.map((r) => String(r.id))).toEqual(["2"]);
+      expect(plan).not.toMatch(/Seq Scan|Bitmap Heap Scan/);
+      // The only sort ranks the new heads (one per key completed) for the hand-off: one row here.
+      for (const sort of plan.matchAll(/Sort \(actual time=[\d.]+\.\.[\d.]+ rows=(\d+)/g)) {
+        expect(Number(sort[1])).toBeLessThanOrEqual(1);
+      }
+      const head = await client.query(
+        `SELECT id, acquired_by FROM ${hot.names.messages} WHERE key = 'hot' AND head`,
+      );
+      expect(head.rows.map((r) => [String(r.id), r.acquired_by])).toEqual([["2", "w"]]);
     } finally {
       await client.query("ROLLBACK");
       await client.query("DEALLOCATE p");

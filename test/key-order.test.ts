@@ -91,6 +91,17 @@ describe("per-key ordering", () => {
     expect(t.maxPerKey()).toBe(1);
   });
 
+  it("keys holding quotes, backslashes, dollars and SQL pass through completion and promotion intact", async () => {
+    const t = tracker();
+    const keys = ["o'brien", "back\\slash\\", "$1 $2", "'); DROP TABLE x; --", "ключ 🔑"];
+    const items = keys.flatMap((key) => [1, 2, 3].map((n) => ({ payload: { n }, key })));
+    const ids = await publishMany("quoted", items);
+    await workers.start({ concurrency: 16, queues: { quoted: (_p, m) => t.run(m, () => pause(1)) } });
+    await until(async () => (await remaining()) === 0, "every message handled");
+    for (const key of keys) expect(t.done(key)).toEqual(ids.filter((_, i) => items[i]?.key === key));
+    expect(t.maxPerKey()).toBe(1);
+  });
+
   it("keeps keyless messages and different keys parallel", async () => {
     const t = tracker();
     const release = gate();

@@ -6,7 +6,7 @@
  */
 import { type HeldRow, settle } from "../lease/held.js";
 import type { Outcome, OutcomeOf } from "../lease/outcome.js";
-import type { Landed, LeaseStore } from "../lease/store.js";
+import { handedOffBy, type Landed, type Lease, type LeaseStore } from "../lease/store.js";
 import { backoffDelay } from "../retry/strategies.js";
 
 export type { Outcome };
@@ -20,6 +20,15 @@ export interface CompleterDeps {
   lost(outcome: Outcome): void;
   /** Called after each successful flush, so the fetcher can use the slots it freed. */
   flushed(): void;
+  /**
+   * Hand-off of the next message of each key whose head an ack or dead-letter move removes: `reserve`
+   * says how many rows (up to `upTo`) the caller can take now and keeps that room until `settle`, which
+   * gets the rows the write leased to it, if any.
+   */
+  handOff?: {
+    reserve(upTo: number): number;
+    settle(reserved: number, lease: Lease | undefined): void;
+  };
   onError(error: Error, consecutive: number): void;
   onFatal(error: Error): void;
   batchSize: number;
@@ -165,11 +174,26 @@ export class Completer {
     return new Set(missed.filter((_, i) => fates[i] === shows[kind]));
   }
 
-  #run(kind: Outcome["kind"], items: Outcome[]): Promise<Landed> {
-    const { store } = this.deps;
-    if (kind === "ack") return store.ack(items as OutcomeOf<"ack">[]);
+  async #run(kind: Outcome["kind"], items: Outcome[]): Promise<Landed> {
+    const { store, handOff } = this.deps;
     if (kind === "retry") return store.retry(items as OutcomeOf<"retry">[]);
-    return store.deadLetter(items as OutcomeOf<"dead">[]);
+    // At most one new head per keyed delivery completed: keyless ones hand nothing on.
+    const keyed = items.reduce((n, o) => (o.held.row.key === null ? n : n + 1), 0);
+    const room = keyed === 0 ? 0 : (handOff?.reserve(keyed) ?? 0);
+    let lease: Lease | undefined;
+    try {
+      const landed =
+        kind === "ack"
+          ? await store.ack(items as OutcomeOf<"ack">[], room)
+          : await store.deadLetter(items as OutcomeOf<"dead">[], room);
+      lease = landed.handedOff;
+      return landed;
+    } catch (error) {
+      lease = handedOffBy(error);
+      throw error;
+    } finally {
+      handOff?.settle(room, lease);
+    }
   }
 }
 

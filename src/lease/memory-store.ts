@@ -104,12 +104,13 @@ export class MemoryTable {
     return oldest;
   }
 
-  /** A row left messages: when it headed its key, the oldest row left of that key heads it now. */
-  remove(row: MemoryRow): void {
+  /** A row left messages: when it headed its key, the oldest row left of that key heads it now (returned). */
+  remove(row: MemoryRow): MemoryRow | undefined {
     this.rows.delete(row.id);
-    if (row.key === null || !row.head) return;
+    if (row.key === null || !row.head) return undefined;
     const next = this.#oldestOfKey(row.queue, row.key);
     if (next !== undefined) next.head = true;
+    return next;
   }
 }
 
@@ -145,26 +146,41 @@ export class MemoryLeaseStore implements LeaseStore {
       )
       .sort((a, b) => a.availableAt - b.availableAt || Number(a.id) - Number(b.id))
       .slice(0, limit);
-    const rows: LeasedRow[] = due.map((r) => {
-      r.token = token;
-      r.leaseExpiresAt = now + this.#options.leaseTtlMs;
-      r.acquiredBy = this.#options.workerId;
-      r.deliveries++;
-      return {
-        id: r.id,
-        queue: r.queue,
-        payload: r.payload,
-        headers: r.headers,
-        key: r.key,
-        created_epoch: r.createdAt / 1000,
-        deliveries_count: r.deliveries,
-        attempts_count: r.attempts,
-        failures_count: r.failures,
-        first_attempt_at: r.firstAttemptAt === null ? null : new Date(r.firstAttemptAt),
-        last_attempt_at: r.lastAttemptAt === null ? null : new Date(r.lastAttemptAt),
-      };
-    });
-    return { token, rows };
+    return { token, rows: due.map((r) => this.#take(r, token, now)) };
+  }
+
+  /** Lease one row under `token`: what the fetch statement sets and returns. */
+  #take(r: MemoryRow, token: string, now: number): LeasedRow {
+    r.token = token;
+    r.leaseExpiresAt = now + this.#options.leaseTtlMs;
+    r.acquiredBy = this.#options.workerId;
+    r.deliveries++;
+    return {
+      id: r.id,
+      queue: r.queue,
+      payload: r.payload,
+      headers: r.headers,
+      key: r.key,
+      created_epoch: r.createdAt / 1000,
+      deliveries_count: r.deliveries,
+      attempts_count: r.attempts,
+      failures_count: r.failures,
+      first_attempt_at: r.firstAttemptAt === null ? null : new Date(r.firstAttemptAt),
+      last_attempt_at: r.lastAttemptAt === null ? null : new Date(r.lastAttemptAt),
+    };
+  }
+
+  /** Up to `limit` of the new heads that are due and unleased, leased to the caller (the hand-off). */
+  #handOff(landed: Landed, promoted: MemoryRow[], limit: number): Landed {
+    const now = this.#table.now();
+    const due = promoted
+      .filter((r) => this.#table.rows.get(r.id) === r && r.token === null && r.availableAt <= now)
+      .sort((a, b) => Number(a.id) - Number(b.id))
+      .slice(0, Math.max(0, limit));
+    if (due.length === 0) return landed;
+    const token = randomUUID();
+    this.tokens.push(token);
+    return { ...landed, handedOff: { token, rows: due.map((r) => this.#take(r, token, now)) } };
   }
 
   #write<D>(
@@ -191,12 +207,17 @@ export class MemoryLeaseStore implements LeaseStore {
     row.acquiredBy = null;
   }
 
-  async ack(writes: readonly AckWrite[]) {
-    return this.#write(
+  async ack(writes: readonly AckWrite[], handOff = 0) {
+    const promoted: MemoryRow[] = [];
+    const landed = this.#write(
       writes,
       (w) => w.held,
-      (row) => this.#table.remove(row),
+      (row) => {
+        const next = this.#table.remove(row);
+        if (next) promoted.push(next);
+      },
     );
+    return this.#handOff(landed, promoted, handOff);
   }
 
   async retry(writes: readonly RetryWrite[]) {
@@ -216,13 +237,15 @@ export class MemoryLeaseStore implements LeaseStore {
     );
   }
 
-  async deadLetter(writes: readonly DeadWrite[]) {
+  async deadLetter(writes: readonly DeadWrite[], handOff = 0) {
     const now = this.#table.now();
-    return this.#write(
+    const promoted: MemoryRow[] = [];
+    const landed = this.#write(
       writes,
       (w) => w.held,
       (row, w) => {
-        this.#table.remove(row);
+        const next = this.#table.remove(row);
+        if (next) promoted.push(next);
         row.attempts += w.attempted;
         row.failures += w.failed;
         if (w.attempted > 0) {
@@ -233,6 +256,7 @@ export class MemoryLeaseStore implements LeaseStore {
         this.#table.deadLetters.set(row.id, { row, reason: w.reason, error });
       },
     );
+    return this.#handOff(landed, promoted, handOff);
   }
 
   async release(deliveries: readonly Delivery[]) {

@@ -1,7 +1,13 @@
 import { randomUUID } from "node:crypto";
 import { setTimeout as delay } from "node:timers/promises";
 import type pg from "pg";
-import { completeStatements, deliveryKey, type KeyedRow, type KeyRow } from "../sql/complete.js";
+import {
+  completeStatements,
+  deliveryKey,
+  type KeyedRow,
+  type KeyRow,
+  type PromotedRow,
+} from "../sql/complete.js";
 import {
   isPreparedStatementLost,
   plainArray,
@@ -10,7 +16,7 @@ import {
   runQuery,
   statement,
 } from "../sql/executor.js";
-import { fetchStatement } from "../sql/fetch.js";
+import { fetchStatement, type LeasedRow } from "../sql/fetch.js";
 import type { OutboxNames } from "../sql/names.js";
 import {
   type AckWrite,
@@ -21,6 +27,7 @@ import {
   type LeaseStore,
   landedByKey,
   type RetryWrite,
+  withHandOff,
 } from "./store.js";
 
 export interface PgLeaseStoreOptions {
@@ -39,6 +46,8 @@ export interface PgLeaseStoreOptions {
   preparedStatements: boolean;
   /** Bound on every round trip. */
   queryTimeoutMs: number;
+  /** A keyed completion made rows the heads of their keys: they can be leased now. */
+  onPromoted?: (rows: number) => void;
   /** Some key heads could not be completed yet: a producer of their key is in flight (retried shortly). */
   onKeyBusy?: (heads: number) => void;
   /** Named statements were lost between statements (a transaction-mode pooler): unnamed from now on. */
@@ -81,7 +90,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
 
   /**
    * One transaction on one connection: a keyed completion and the promotion of its successors commit
-   * together, or neither does (a crash in between would leave the key with no head, stuck for good).
+   * together, or neither does (a crash in between would leave the key with no head).
    */
   async function transaction<T>(work: (client: pg.PoolClient) => Promise<T>): Promise<T> {
     const client = await options.pool().connect();
@@ -103,48 +112,78 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
   }
 
   /**
-   * Ack or dead-letter deliveries that may head a key. A head whose key a producer is publishing to right
-   * now stays in place (its lock is busy: that producer's row must be seen committed before the successor
-   * is chosen) and is tried again shortly, until the producer commits, for at most one query timeout.
+   * Ack or dead-letter deliveries that may head a key, then promote the next row of each key whose head
+   * went (handing up to `handOff` of them to the caller), in one transaction. The completion tries each
+   * head's key lock; the promotion, a statement of its own and so with a fresh snapshot taken while the
+   * locks are held, sees every row a producer of the key committed. A head whose key a producer is
+   * publishing to right now stays in place (its lock is busy) and is tried again shortly, until the
+   * producer commits, for at most one query timeout.
    */
   async function completeKeyed<W extends { held: Delivery }>(
     writes: readonly W[],
+    handOff: number,
     write: (client: pg.PoolClient, writes: readonly W[]) => Promise<KeyedRow | undefined>,
   ): Promise<Landed> {
     const written = new Set<string>();
+    let promoted = 0;
+    const token = randomUUID();
+    const handedOff: LeasedRow[] = [];
     let pending = writes;
     const deadline = Date.now() + options.queryTimeoutMs;
-    for (let attempt = 0; ; attempt++) {
-      const row = await transaction(async (client) => {
-        const result = await write(client, pending);
-        if (result && result.head_keys.length > 0) {
-          await runQuery(
-            client,
-            sql.promote,
-            { queues: result.head_queues, keys: result.head_keys },
-            { prepared, timeoutMs: options.queryTimeoutMs },
+    try {
+      for (let attempt = 0; ; attempt++) {
+        const { row, next } = await transaction(async (client) => {
+          const result = await write(client, pending);
+          if (!result || result.head_keys.length === 0) return { row: result, next: [] };
+          const params = {
+            queues: result.head_queues,
+            keys: result.head_keys,
+            limit: Math.max(0, handOff - handedOff.length),
+            token,
+            leaseTtlMs: options.leaseTtlMs,
+            workerId: options.workerId,
+          };
+          const rows = await runQuery(client, sql.promote, params, {
+            prepared,
+            timeoutMs: options.queryTimeoutMs,
+          });
+          return { row: result, next: rows };
+        });
+        for (const n of next) {
+          if (!n.taken) {
+            promoted++;
+            continue;
+          }
+          const { taken: _, ...leased } = n;
+          handedOff.push(leased);
+        }
+        const busy = new Set(row?.busy ?? []);
+        // Null keys: every delivery not busy was written.
+        const wrote = row?.keys ? new Set(row.keys) : undefined;
+        for (const w of pending) {
+          const k = key(w.held);
+          if (!busy.has(k) && (wrote === undefined || wrote.has(k))) written.add(k);
+        }
+        if (busy.size === 0) break;
+        options.onKeyBusy?.(busy.size);
+        if (Date.now() > deadline) {
+          throw new Error(
+            `${busy.size} key head(s) still locked by a producer after ${options.queryTimeoutMs} ms`,
           );
         }
-        return result;
-      });
-      const busy = new Set(row?.busy ?? []);
-      // Null keys: every delivery not busy was written.
-      const wrote = row?.keys ? new Set(row.keys) : undefined;
-      for (const w of pending) {
-        const k = key(w.held);
-        if (!busy.has(k) && (wrote === undefined || wrote.has(k))) written.add(k);
+        pending = pending.filter((w) => busy.has(key(w.held)));
+        await delay(Math.min(2 ** attempt, 50));
       }
-      if (busy.size === 0) break;
-      options.onKeyBusy?.(busy.size);
-      if (Date.now() > deadline) {
-        throw new Error(
-          `${busy.size} key head(s) still locked by a producer after ${options.queryTimeoutMs} ms`,
-        );
-      }
-      pending = pending.filter((w) => busy.has(key(w.held)));
-      await delay(Math.min(2 ** attempt, 50));
+    } catch (error) {
+      // Rows an earlier transaction of this call handed off are held by the caller all the same. (If the
+      // answer to a commit is lost, what it handed off is held by nobody who knows: those leases expire
+      // and the rows are delivered then, as after a crash.)
+      throw handedOff.length === 0 ? error : withHandOff(error, { token, rows: handedOff });
     }
-    return landedByKey(written, key);
+    // New heads not handed off may be due now: without a wake-up they would wait for the next poll.
+    if (promoted > 0) options.onPromoted?.(promoted);
+    const landed = landedByKey(written, key);
+    return handedOff.length === 0 ? landed : { ...landed, handedOff: { token, rows: handedOff } };
   }
 
   // Ids come back from the fetch as decimal text and tokens are our own UUIDs: both are safe unquoted.
@@ -169,9 +208,9 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
       return { token, rows };
     },
 
-    async ack(writes: readonly AckWrite[]): Promise<Landed> {
+    async ack(writes: readonly AckWrite[], handOff = 0): Promise<Landed> {
       if (writes.some((w) => w.held.key !== null)) {
-        return completeKeyed(writes, async (client, ws) => {
+        return completeKeyed(writes, handOff, async (client, ws) => {
           const [row] = await runQuery(client, sql.ackKeyed, pairs(held(ws)), {
             prepared,
             timeoutMs: options.queryTimeoutMs,
@@ -196,7 +235,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
       );
     },
 
-    async deadLetter(writes: readonly DeadWrite[]) {
+    async deadLetter(writes: readonly DeadWrite[], handOff = 0) {
       const params = (ws: readonly DeadWrite[]) => ({
         ...pairs(held(ws)),
         reasons: ws.map((w) => w.reason),
@@ -206,7 +245,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
         maxErrorLength: options.maxErrorLength,
       });
       if (writes.some((w) => w.held.key !== null)) {
-        return completeKeyed(writes, async (client, ws) => {
+        return completeKeyed(writes, handOff, async (client, ws) => {
           const [row] = await runQuery(client, sql.deadKeyed, params(ws), {
             prepared,
             timeoutMs: options.queryTimeoutMs,

@@ -1,4 +1,5 @@
 import { defineQuery, type Query } from "./executor.js";
+import { LEASED_COLUMNS, type LeasedRow } from "./fetch.js";
 import { TRY_KEY_LOCK } from "./key-lock.js";
 import type { OutboxNames } from "./names.js";
 import { type StatementSettings, settingsJoin, withSettings } from "./settings.js";
@@ -39,9 +40,10 @@ export interface CompleteStatements {
   /**
    * After a keyed ack or dead-letter move, in its transaction (holding the key locks, so no producer of the
    * key is in flight, and a fresh snapshot that sees every committed row): the oldest row left of each key
-   * becomes its head.
+   * becomes its head. Up to `limit` of them that are due are leased at once to the caller (a hand-off):
+   * one write instead of a promotion and a later lease, and the key's next message starts without a fetch.
    */
-  promote: Query<{ queues: string[]; keys: string[] }, never>;
+  promote: Query<PromoteParams, PromotedRow>;
   /** Clears the lease and schedules the row on the server clock → keys of the rows written. */
   retry: Query<
     DeliveryParams & { delaysMs: number[]; errors: string[]; failed: number[]; maxErrorLength: number },
@@ -64,6 +66,19 @@ export type DeadParams = DeliveryParams & {
   failed: number[];
   maxErrorLength: number;
 };
+
+export interface PromoteParams {
+  queues: string[];
+  keys: string[];
+  /** How many of the new heads to lease to the caller (0: none), under `token`. */
+  limit: number;
+  token: string;
+  leaseTtlMs: number;
+  workerId: string;
+}
+
+/** A new head; `taken`: leased to the caller, with its {@link LeasedRow} columns. */
+export type PromotedRow = LeasedRow & { taken: boolean };
 
 /** The one row of a keyed ack or dead-letter move. */
 export interface KeyedRow {
@@ -99,16 +114,18 @@ export function completeStatements(names: OutboxNames, settings: StatementSettin
   const m = names.messages;
   const pairs = "unnest($1::bigint[], $2::uuid[])";
   const also = settingsJoin(settings);
-  // A head's key lock is only tried: waiting could deadlock with a producer that takes several keys'
-  // locks in its own order, and would stall this batch behind a long producer transaction.
-  const locks = `locks AS (
-  SELECT t.id, l.token, ${TRY_KEY_LOCK("t.queue", "t.key")} AS taken
-  FROM ${m} AS t JOIN ${pairs} AS l(id, token) ON t.id = l.id AND t.acquired_token = l.token
-  WHERE t.key IS NOT NULL AND t.head
-)`;
-  const unlocked = "NOT EXISTS (SELECT 1 FROM locks AS l WHERE l.id = t.id AND NOT l.taken)";
-  const keyedAnswer = `SELECT CASE WHEN count(*) < cardinality($1::bigint[]) THEN COALESCE(array_agg(g.key), '{}') END AS keys,
-       (SELECT COALESCE(array_agg(l.id::text || '/' || l.token::text), '{}') FROM locks AS l WHERE NOT l.taken) AS busy,
+  // A head's key lock is only tried, while deleting it: waiting could deadlock with a producer that takes
+  // several keys' locks in its own order, and would stall this batch behind a long producer transaction.
+  // A head whose lock is busy stays (a producer of its key is in flight; its row must be visible first).
+  const headGuard = ` AND (t.key IS NULL OR NOT t.head OR ${TRY_KEY_LOCK("t.queue", "t.key")})`;
+  // Only when some delivery was not written: which of them are still ours, as heads (busy), and not lost.
+  // The rows gone are still visible to this statement's snapshot, so they are excluded by id.
+  const keyedAnswer = `SELECT CASE WHEN count(*) < cardinality($1::bigint[]) THEN COALESCE(array_agg(g.delivery), '{}') END AS keys,
+       CASE WHEN count(*) < cardinality($1::bigint[]) THEN (
+         SELECT COALESCE(array_agg(t.id::text || '/' || t.acquired_token::text), '{}')
+         FROM ${pairs} AS b(id, token) JOIN ${m} AS t ON t.id = b.id AND t.acquired_token = b.token
+         WHERE t.key IS NOT NULL AND t.head AND t.id NOT IN (SELECT x.id FROM gone AS x)
+       ) ELSE '{}' END AS busy,
        COALESCE(array_agg(g.queue) FILTER (WHERE g.order_key IS NOT NULL AND g.head), '{}') AS head_queues,
        COALESCE(array_agg(g.order_key) FILTER (WHERE g.order_key IS NOT NULL AND g.head), '{}') AS head_keys
 FROM gone AS g`;
@@ -149,32 +166,44 @@ FROM gone AS g`;
   return {
     ackKeyed: defineQuery(
       "ack_keyed",
-      `${withSettings(settings, true)}${locks}, gone AS (
+      `${withSettings(settings, true)}gone AS (
   DELETE FROM ${m} AS t USING ${pairs} AS d(id, token)${also}
-  WHERE t.id = d.id AND t.acquired_token = d.token AND ${unlocked}
-  RETURNING ${KEY} AS key, t.queue, t.key AS order_key, t.head
+  WHERE t.id = d.id AND t.acquired_token = d.token${headGuard}
+  RETURNING t.id, ${KEY} AS delivery, t.queue, t.key AS order_key, t.head
 )
 ${keyedAnswer}`,
       (p) => [p.ids, p.tokens],
     ),
     deadKeyed: defineQuery(
       "dead_keyed",
-      `${withSettings(settings, true)}${locks.replace(pairs, "unnest($1::bigint[], $2::uuid[])")}, ${deadMove(
-        ` AND ${unlocked}`,
-        `, ${KEY} AS key_of_delivery, t.key AS order_key`,
-      ).replace("gone AS (", "gone AS (")}
-${keyedAnswer.replace("array_agg(g.key)", "array_agg(g.key_of_delivery)")}`,
+      `${withSettings(settings, true)}${deadMove(headGuard, `, ${KEY} AS delivery, t.key AS order_key`)}
+${keyedAnswer}`,
       deadValues,
     ),
     promote: defineQuery(
       "promote",
-      `UPDATE ${m} AS s SET head = true
-FROM unnest($1::text[], $2::text[]) AS k(queue, key)
-CROSS JOIN LATERAL (
-  SELECT n.id FROM ${m} AS n WHERE n.queue = k.queue AND n.key = k.key ORDER BY n.id LIMIT 1
-) AS next
-WHERE s.id = next.id AND NOT s.head`,
-      (p) => [p.queues, p.keys],
+      `WITH next AS (
+  SELECT n.id, n.available_at <= now() AS due FROM unnest($1::text[], $2::text[]) AS k(queue, key)
+  CROSS JOIN LATERAL (
+    SELECT id, available_at FROM ${m} WHERE queue = k.queue AND key = k.key ORDER BY id LIMIT 1
+  ) AS n
+), ranked AS (
+  SELECT id, due AND row_number() OVER (ORDER BY due DESC, id) <= $3 AS take FROM next
+)
+UPDATE ${m} AS t
+SET head = true,
+    -- A row someone already holds (a worker of an unordered queue) keeps its lease.
+    acquired_token = CASE WHEN r.take AND t.acquired_token IS NULL THEN $4::uuid ELSE t.acquired_token END,
+    acquired_at = CASE WHEN r.take AND t.acquired_token IS NULL THEN now() ELSE t.acquired_at END,
+    lease_expires_at = CASE WHEN r.take AND t.acquired_token IS NULL
+                            THEN now() + $5::double precision * interval '1 millisecond'
+                            ELSE t.lease_expires_at END,
+    acquired_by = CASE WHEN r.take AND t.acquired_token IS NULL THEN $6 ELSE t.acquired_by END,
+    deliveries_count = t.deliveries_count + CASE WHEN r.take AND t.acquired_token IS NULL THEN 1 ELSE 0 END
+FROM ranked AS r
+WHERE t.id = r.id AND (NOT t.head OR (r.take AND t.acquired_token IS NULL))
+RETURNING ${LEASED_COLUMNS}, t.acquired_token IS NOT DISTINCT FROM $4::uuid AS taken`,
+      (p) => [p.queues, p.keys, p.limit, p.token, p.leaseTtlMs, p.workerId],
     ),
     ack: defineQuery(
       "ack",

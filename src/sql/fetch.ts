@@ -14,6 +14,10 @@ export type LeasedRow = Omit<MessageColumns, "available_at" | "created_at" | "pa
   payload: string;
 };
 
+/** What a lease returns of each row (the {@link LeasedRow} columns), from a row alias `t`. */
+export const LEASED_COLUMNS = `t.id::text AS id, t.queue, t.payload::text AS payload, t.headers, t.key, date_part('epoch', t.created_at) AS created_epoch,
+          t.deliveries_count, t.attempts_count, t.failures_count, t.first_attempt_at, t.last_attempt_at`;
+
 export interface LeaseParams {
   queues: readonly string[];
   /** The subset of `queues` that opted out of per-key ordering: their rows waiting behind a key's head are due too. */
@@ -86,8 +90,7 @@ SET acquired_token = $3::uuid,
     acquired_by = $5,
     deliveries_count = t.deliveries_count + 1${cte === "" ? "" : "\nFROM settings"}
 WHERE t.id = ANY (ARRAY(SELECT id FROM picked))
-RETURNING t.id::text AS id, t.queue, t.payload::text AS payload, t.headers, t.key, date_part('epoch', t.created_at) AS created_epoch,
-          t.deliveries_count, t.attempts_count, t.failures_count, t.first_attempt_at, t.last_attempt_at`,
+RETURNING ${LEASED_COLUMNS}`,
     (p) => [p.queues, p.limit, p.token, p.leaseTtlMs, p.workerId, p.unorderedQueues ?? []],
   );
 }

@@ -112,6 +112,20 @@ export function createEngine(deps: EngineDeps): Engine {
       }
     },
     lost: (o: Outcome) => forget(o.held, o.kind),
+    handOff: {
+      // The room a fetch would have: the rows handed off replace the heads acknowledged, one for one.
+      reserve: (upTo) => {
+        // A stopping worker takes no new rows: the next message of the key is left for the others.
+        if (stopping) return 0;
+        const room = Math.min(upTo, free());
+        handOffReserved += room;
+        return room;
+      },
+      settle: (reserved, lease) => {
+        handOffReserved -= reserved;
+        if (lease !== undefined) take(heldRows(lease.token, lease.rows));
+      },
+    },
     flushed: () => fetcher.slotsFreed(),
     onError: (error, n) => health.failed("complete", error, n),
     onFatal: deps.onFatal,
@@ -119,6 +133,13 @@ export function createEngine(deps: EngineDeps): Engine {
 
   // Round trip of the last leases (moving average, ms): how long a row takes to arrive once asked for.
   let fetchMs = 1;
+  // Room promised to a fetch or a hand-off in flight: the other must not count it as free.
+  let fetchReserved = 0;
+  let handOffReserved = 0;
+  let stopping = false;
+  // Hand-backs of rows that arrived after the stop began: the stop waits for them before it returns.
+  const lateReleases = new Set<Promise<number>>();
+  let lateReleased = 0;
   /**
    * Free slots for the next fetch: room in the local queue, but no more rows than the dispatch loops can
    * start before the next fetch would land. With slow handlers a worker must not hoard rows that another,
@@ -126,7 +147,7 @@ export function createEngine(deps: EngineDeps): Engine {
    */
   function free(): number {
     const queued = queue.size;
-    const room = capacity - queued - completer.pending;
+    const room = capacity - queued - completer.pending - fetchReserved - handOffReserved;
     const handlerMs = dispatcher.handlerMs;
     // Until a handler finished, one loop's worth ahead: a first fetch must not hoard rows for handlers
     // that may take seconds.
@@ -151,21 +172,17 @@ export function createEngine(deps: EngineDeps): Engine {
     free,
     lease: async (limit) => {
       const started = performance.now();
-      const lease = await store.lease(limit);
-      fetchMs = fetchMs * 0.8 + (performance.now() - started) * 0.2;
-      health.recovered("fetch");
-      return heldRows(lease.token, lease.rows);
-    },
-    deliver: (batch) => {
-      if (queue.closed) {
-        // A lease that outlived the stop's wait for it (a slow round trip): give the rows straight back.
-        void release(batch);
-        return;
+      fetchReserved = limit;
+      try {
+        const lease = await store.lease(limit);
+        fetchMs = fetchMs * 0.8 + (performance.now() - started) * 0.2;
+        health.recovered("fetch");
+        return heldRows(lease.token, lease.rows);
+      } finally {
+        fetchReserved = 0;
       }
-      for (const h of batch) held.add(h);
-      queue.push(batch);
-      emitter.emit("fetched", { count: batch.length });
     },
+    deliver: (batch) => take(batch),
     onError: (error, n) => health.failed("fetch", error, n),
     onFatal: deps.onFatal,
   });
@@ -220,6 +237,27 @@ export function createEngine(deps: EngineDeps): Engine {
     },
   });
 
+  /** Rows leased to this worker (a fetch, or a hand-off by a completion) join the local queue. */
+  function take(batch: HeldRow[]): void {
+    if (batch.length === 0) return;
+    // A lease that outlived the stop's wait for it (a slow round trip), or more than fits: give the rows
+    // straight back. The reservations keep the second from happening; this keeps the queue's bound anyway.
+    const fits = queue.closed ? 0 : Math.min(batch.length, queue.free);
+    if (fits < batch.length) {
+      const back = release(batch.slice(fits)).then((n) => {
+        lateReleased += n;
+        return n;
+      });
+      lateReleases.add(back);
+      void back.finally(() => lateReleases.delete(back));
+    }
+    if (fits === 0) return;
+    const kept = batch.slice(0, fits);
+    for (const h of kept) held.add(h);
+    queue.push(kept);
+    emitter.emit("fetched", { count: kept.length });
+  }
+
   async function release(rows: HeldRow[]): Promise<number> {
     if (rows.length === 0) return 0;
     for (let attempt = 1; ; attempt++) {
@@ -257,6 +295,7 @@ export function createEngine(deps: EngineDeps): Engine {
   }
 
   async function shutdown(timeoutMs: number, alongside?: Promise<unknown>): Promise<StopResult> {
+    stopping = true;
     const deadline = Date.now() + timeoutMs;
     const left = () => Math.max(0, deadline - Date.now());
     // Bookkeeping writes (handing back unstarted rows, the last outcomes) get at least this long.
@@ -285,6 +324,12 @@ export function createEngine(deps: EngineDeps): Engine {
     }
     const flushed = await within(completer.idle(), writeGrace());
     completer.stop();
+    await within(
+      Promise.all(lateReleases).then(() => {
+        released += lateReleased;
+      }),
+      writeGrace(),
+    );
     await within(heartbeat.stop(), left());
     const drained = finished && flushed && completer.pending === 0;
     return { drained, released, abandoned };

@@ -87,6 +87,7 @@ export function createWorker(input: WorkerOptions): Worker {
     synchronousCommit: options.synchronousCommit,
     preparedStatements: options.preparedStatements,
     queryTimeoutMs: options.queryTimeoutMs,
+    onPromoted: () => engine.wake(),
     onKeyBusy: (heads) =>
       log.debug(
         { heads },

@@ -150,12 +150,35 @@ export class RecordingStore implements LeaseStore {
     return landed;
   }
 
-  ack(writes: readonly AckWrite[]): Promise<Landed> {
-    return this.#write(
-      "ack",
-      writes.map((w) => w.held),
-      () => this.inner.ack(writes),
+  ack(writes: readonly AckWrite[], handOff?: number): Promise<Landed> {
+    return this.#handOff(
+      this.#write(
+        "ack",
+        writes.map((w) => w.held),
+        () => this.inner.ack(writes, handOff),
+      ),
     );
+  }
+
+  /** Rows a write handed off are a lease like any other: recorded as one, right after the write. */
+  async #handOff(write: Promise<Landed>): Promise<Landed> {
+    const landed = await write;
+    const lease = landed.handedOff;
+    if (lease !== undefined) {
+      this.tokens.add(lease.token);
+      this.journal.push({
+        type: "store",
+        seq: this.journal.next(),
+        call: "lease",
+        failed: false,
+        deliveries: [],
+        lease: {
+          token: lease.token,
+          rows: lease.rows.map((r) => ({ id: r.id, deliveries: r.deliveries_count })),
+        },
+      });
+    }
+    return landed;
   }
 
   retry(writes: readonly RetryWrite[]): Promise<Landed> {
@@ -166,11 +189,13 @@ export class RecordingStore implements LeaseStore {
     );
   }
 
-  deadLetter(writes: readonly DeadWrite[]): Promise<Landed> {
-    return this.#write(
-      "deadLetter",
-      writes.map((w) => w.held),
-      () => this.inner.deadLetter(writes),
+  deadLetter(writes: readonly DeadWrite[], handOff?: number): Promise<Landed> {
+    return this.#handOff(
+      this.#write(
+        "deadLetter",
+        writes.map((w) => w.held),
+        () => this.inner.deadLetter(writes, handOff),
+      ),
     );
   }
 
