@@ -1,13 +1,7 @@
 import { randomUUID } from "node:crypto";
 import { setTimeout as delay } from "node:timers/promises";
 import type pg from "pg";
-import {
-  completeStatements,
-  deliveryKey,
-  type KeyedRow,
-  type KeyRow,
-  type PromotedRow,
-} from "../sql/complete.js";
+import { completeStatements, deliveryKey, type KeyedRow, type KeyRow } from "../sql/complete.js";
 import {
   isPreparedStatementLost,
   plainArray,
