@@ -157,32 +157,42 @@ describe(`per-key ordering with one hot key of ${HOT} rows and ${OTHER_KEYS} oth
 
   it("promoting the hot key's successor reads two index entries, not its backlog", async () => {
     const text = completeStatements(hot.names, { synchronousCommit: true }).promote.statement.text;
-    // The hot key's head as if just deleted in this transaction: promote picks the oldest row left.
+    // The promotion runs inside a function (promote_heads): auto_explain shows the plan of its UPDATE,
+    // sent to this session as log messages.
     const client = await hot.pool.connect();
+    const notices: string[] = [];
+    const onNotice = (n: { message?: string }) => notices.push(n.message ?? "");
+    client.on("notice", onNotice);
     try {
-      await client.query("SET plan_cache_mode = force_generic_plan");
-      await client.query(`PREPARE p(text[], text[], int, uuid, double precision, text) AS ${text}`);
+      await client.query("LOAD 'auto_explain'");
+      await client.query(`SET auto_explain.log_min_duration = 0; SET auto_explain.log_analyze = on;
+        SET auto_explain.log_nested_statements = on; SET auto_explain.log_timing = off;
+        SET client_min_messages = log`);
       await client.query("BEGIN");
+      // The hot key's head as if just deleted in this transaction: promote picks the oldest row left.
       await client.query(`DELETE FROM ${hot.names.messages} WHERE id = 1`);
-      // Promoted and handed off to the caller (limit 1), as a worker with room does.
-      const { rows } = await client.query(
-        `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE p('{q}', '{hot}', 1, '${randomUUID()}', 30000, 'w')`,
-      );
-      const plan = rows.map((r) => r["QUERY PLAN"]).join("\n");
-      expect(plan).toMatch(/Index (Only )?Scan using messages_key_idx/);
-      expect(plan).not.toMatch(/Seq Scan|Bitmap Heap Scan/);
-      // The only sort ranks the new heads (one per key completed) for the hand-off: one row here.
-      for (const sort of plan.matchAll(/Sort \(actual time=[\d.]+\.\.[\d.]+ rows=(\d+)/g)) {
-        expect(Number(sort[1])).toBeLessThanOrEqual(1);
+      // Promoted and handed off to the caller (limit 1), as a worker with room does. Several calls: the
+      // function's cached plan turns generic after five.
+      for (let i = 0; i < 7; i++) {
+        notices.length = 0;
+        await client.query({ text, values: [["q"], ["hot"], 1, randomUUID(), 30000, "w"] });
+        if (i === 0) {
+          const head = await client.query(
+            `SELECT id, acquired_by FROM ${hot.names.messages} WHERE key = 'hot' AND head`,
+          );
+          expect(head.rows.map((r) => [String(r.id), r.acquired_by])).toEqual([["2", "w"]]);
+        }
+        const plan = notices.find((n) => n.includes("Update on messages")) ?? "";
+        expect(plan).toMatch(/Index (Only )?Scan using messages_key_idx/);
+        expect(plan).not.toMatch(/Seq Scan|Bitmap Heap Scan/);
+        // The only sort ranks the new heads (one per key completed) for the hand-off: one row here.
+        for (const sort of plan.matchAll(/Sort \(actual rows=(\d+)/g))
+          expect(Number(sort[1])).toBeLessThanOrEqual(1);
       }
-      const head = await client.query(
-        `SELECT id, acquired_by FROM ${hot.names.messages} WHERE key = 'hot' AND head`,
-      );
-      expect(head.rows.map((r) => [String(r.id), r.acquired_by])).toEqual([["2", "w"]]);
     } finally {
       await client.query("ROLLBACK");
-      await client.query("DEALLOCATE p");
-      await client.query("RESET plan_cache_mode");
+      await client.query("RESET ALL");
+      client.off("notice", onNotice);
       client.release();
     }
   });

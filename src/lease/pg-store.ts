@@ -1,7 +1,13 @@
 import { randomUUID } from "node:crypto";
 import { setTimeout as delay } from "node:timers/promises";
 import type pg from "pg";
-import { completeStatements, deliveryKey, type KeyedRow, type KeyRow } from "../sql/complete.js";
+import {
+  completeStatements,
+  deliveryKey,
+  type KeyRow,
+  type PromotedRow,
+  type PromoteParams,
+} from "../sql/complete.js";
 import {
   isPreparedStatementLost,
   plainArray,
@@ -51,6 +57,13 @@ export interface PgLeaseStoreOptions {
 const key = (d: Delivery) => deliveryKey(d.id, d.token);
 const BEGIN = statement("begin", "BEGIN");
 const COMMIT = statement("commit", "COMMIT");
+
+/** One round of a keyed completion: deliveries written (null: all not busy), busy ones, new heads. */
+interface KeyedRound {
+  keys: string[] | null;
+  busy: Set<string>;
+  next: PromotedRow[];
+}
 
 /** The lease store on Postgres: the fetch statement and the token-guarded writes of src/sql. */
 export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
@@ -116,7 +129,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
   async function completeKeyed<W extends { held: Delivery }>(
     writes: readonly W[],
     handOff: number,
-    write: (client: pg.PoolClient, writes: readonly W[]) => Promise<KeyedRow | undefined>,
+    round: (ws: readonly W[], handOff: Omit<PromoteParams, "queues" | "keys">) => Promise<KeyedRound>,
   ): Promise<Landed> {
     const written = new Set<string>();
     let promoted = 0;
@@ -126,22 +139,11 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     const deadline = Date.now() + options.queryTimeoutMs;
     try {
       for (let attempt = 0; ; attempt++) {
-        const { row, next } = await transaction(async (client) => {
-          const result = await write(client, pending);
-          if (!result || result.head_keys.length === 0) return { row: result, next: [] };
-          const params = {
-            queues: result.head_queues,
-            keys: result.head_keys,
-            limit: Math.max(0, handOff - handedOff.length),
-            token,
-            leaseTtlMs: options.leaseTtlMs,
-            workerId: options.workerId,
-          };
-          const rows = await runQuery(client, sql.promote, params, {
-            prepared,
-            timeoutMs: options.queryTimeoutMs,
-          });
-          return { row: result, next: rows };
+        const { keys, busy, next } = await round(pending, {
+          limit: Math.max(0, handOff - handedOff.length),
+          token,
+          leaseTtlMs: options.leaseTtlMs,
+          workerId: options.workerId,
         });
         for (const n of next) {
           if (!n.taken) {
@@ -151,9 +153,8 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
           const { taken: _, ...leased } = n;
           handedOff.push(leased);
         }
-        const busy = new Set(row?.busy ?? []);
         // Null keys: every delivery not busy was written.
-        const wrote = row?.keys ? new Set(row.keys) : undefined;
+        const wrote = keys ? new Set(keys) : undefined;
         for (const w of pending) {
           const k = key(w.held);
           if (!busy.has(k) && (wrote === undefined || wrote.has(k))) written.add(k);
@@ -169,9 +170,9 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
         await delay(Math.min(2 ** attempt, 50));
       }
     } catch (error) {
-      // Rows an earlier transaction of this call handed off are held by the caller all the same. (If the
-      // answer to a commit is lost, what it handed off is held by nobody who knows: those leases expire
-      // and the rows are delivered then, as after a crash.)
+      // Rows an earlier round of this call handed off are held by the caller all the same. (If the answer
+      // to a round is lost, what it handed off is held by nobody who knows: those leases expire and the
+      // rows are delivered then, as after a crash.)
       throw handedOff.length === 0 ? error : withHandOff(error, { token, rows: handedOff });
     }
     // New heads not handed off may be due now: without a wake-up they would wait for the next poll.
@@ -180,10 +181,54 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     return handedOff.length === 0 ? landed : { ...landed, handedOff: { token, rows: handedOff } };
   }
 
+  /** The keyed ack: one call of the `ack_keyed` function (completion, promotion and hand-off). */
+  async function ackRound(ws: readonly AckWrite[], handOff: Omit<PromoteParams, "queues" | "keys">) {
+    const rows = await query(sql.ackKeyed, { ...pairs(held(ws)), ...handOff });
+    let deleted = 0;
+    const keys: string[] = [];
+    const busy = new Set<string>();
+    const next: PromotedRow[] = [];
+    for (const r of rows) {
+      if (r.kind === "deleted") deleted = Number(r.delivery);
+      else if (r.kind === "written") keys.push(r.delivery);
+      else if (r.kind === "busy") busy.add(r.delivery);
+      else if (r.kind === "promoted") {
+        const { kind: _, delivery: __, ...row } = r;
+        next.push(row);
+      }
+    }
+    return { keys: deleted === ws.length ? null : keys, busy, next };
+  }
+
+  /**
+   * The keyed dead-letter move: the move, then the promotion (a statement of its own, so with a fresh
+   * snapshot taken while the key locks are held), in one transaction.
+   */
+  async function deadRound(ws: readonly DeadWrite[], handOff: Omit<PromoteParams, "queues" | "keys">) {
+    return transaction(async (client) => {
+      const run = <P, R>(q: Query<P, R>, p: P) =>
+        runQuery(client, q, p, { prepared, timeoutMs: options.queryTimeoutMs });
+      const [row] = await run(sql.deadKeyed, deadParams(ws));
+      const busy = new Set(row?.busy ?? []);
+      const keys = row?.keys ?? null;
+      if (!row || row.head_keys.length === 0) return { keys, busy, next: [] };
+      const next = await run(sql.promote, { queues: row.head_queues, keys: row.head_keys, ...handOff });
+      return { keys, busy, next };
+    });
+  }
+
   // Ids come back from the fetch as decimal text and tokens are our own UUIDs: both are safe unquoted.
   const pairs = (ds: readonly Delivery[]) => ({
     ids: plainArray(ds.map((d) => d.id)),
     tokens: plainArray(ds.map((d) => d.token)),
+  });
+  const deadParams = (ws: readonly DeadWrite[]) => ({
+    ...pairs(held(ws)),
+    reasons: ws.map((w) => w.reason),
+    errors: ws.map((w) => w.error),
+    attempted: ws.map((w) => w.attempted),
+    failed: ws.map((w) => w.failed),
+    maxErrorLength: options.maxErrorLength,
   });
   const landed = (rows: KeyRow[]) => landedByKey(new Set(rows.map((r) => r.key)), key);
   const held = <W extends { held: Delivery }>(writes: readonly W[]) => writes.map((w) => w.held);
@@ -203,15 +248,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     },
 
     async ack(writes: readonly AckWrite[], handOff = 0): Promise<Landed> {
-      if (writes.some((w) => w.held.key !== null)) {
-        return completeKeyed(writes, handOff, async (client, ws) => {
-          const [row] = await runQuery(client, sql.ackKeyed, pairs(held(ws)), {
-            prepared,
-            timeoutMs: options.queryTimeoutMs,
-          });
-          return row;
-        });
-      }
+      if (writes.some((w) => w.held.key !== null)) return completeKeyed(writes, handOff, ackRound);
       const [result] = await query(sql.ack, pairs(held(writes)));
       // The statement names the deleted deliveries only when some were not deleted.
       return result?.keys ? landedByKey(new Set(result.keys), key) : allLanded(writes.length);
@@ -230,24 +267,8 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     },
 
     async deadLetter(writes: readonly DeadWrite[], handOff = 0) {
-      const params = (ws: readonly DeadWrite[]) => ({
-        ...pairs(held(ws)),
-        reasons: ws.map((w) => w.reason),
-        errors: ws.map((w) => w.error),
-        attempted: ws.map((w) => w.attempted),
-        failed: ws.map((w) => w.failed),
-        maxErrorLength: options.maxErrorLength,
-      });
-      if (writes.some((w) => w.held.key !== null)) {
-        return completeKeyed(writes, handOff, async (client, ws) => {
-          const [row] = await runQuery(client, sql.deadKeyed, params(ws), {
-            prepared,
-            timeoutMs: options.queryTimeoutMs,
-          });
-          return row;
-        });
-      }
-      return landed(await query(sql.dead, params(writes)));
+      if (writes.some((w) => w.held.key !== null)) return completeKeyed(writes, handOff, deadRound);
+      return landed(await query(sql.dead, deadParams(writes)));
     },
 
     async release(deliveries) {

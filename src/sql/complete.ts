@@ -34,7 +34,7 @@ export interface CompleteStatements {
    * first and leaves rows whose key a producer holds (`busy`, retried shortly); `heads` names the keys whose
    * head it deleted, for `promote` to run next in the same transaction.
    */
-  ackKeyed: Query<DeliveryParams, KeyedRow>;
+  ackKeyed: Query<DeliveryParams & Omit<PromoteParams, "queues" | "keys">, AckKeyedRow>;
   /** The dead-letter move for deliveries that may head a key: as `dead`, with `ackKeyed`'s lock and answer. */
   deadKeyed: Query<DeadParams, KeyedRow>;
   /**
@@ -79,6 +79,15 @@ export interface PromoteParams {
 
 /** A new head; `taken`: leased to the caller, with its {@link LeasedRow} columns. */
 export type PromotedRow = LeasedRow & { taken: boolean };
+
+/**
+ * A row of the keyed ack (the `ack_keyed` function of migration 0003): `deleted` (the count, as text),
+ * `written` deliveries (only when some were not), `busy` ones (a producer holds their key's lock), and `promoted` new heads (`taken`:
+ * handed off to the caller, with the {@link LeasedRow} columns).
+ */
+export type AckKeyedRow =
+  | { kind: "deleted" | "written" | "busy"; delivery: string }
+  | ({ kind: "promoted"; delivery: null } & PromotedRow);
 
 /** The one row of a keyed ack or dead-letter move. */
 export interface KeyedRow {
@@ -164,16 +173,6 @@ FROM gone AS g`;
     p.maxErrorLength,
   ];
   return {
-    ackKeyed: defineQuery(
-      "ack_keyed",
-      `${withSettings(settings, true)}gone AS (
-  DELETE FROM ${m} AS t USING ${pairs} AS d(id, token)${also}
-  WHERE t.id = d.id AND t.acquired_token = d.token${headGuard}
-  RETURNING t.id, ${KEY} AS delivery, t.queue, t.key AS order_key, t.head
-)
-${keyedAnswer}`,
-      (p) => [p.ids, p.tokens],
-    ),
     deadKeyed: defineQuery(
       "dead_keyed",
       `${withSettings(settings, true)}${deadMove(headGuard, `, ${KEY} AS delivery, t.key AS order_key`)}
@@ -182,28 +181,13 @@ ${keyedAnswer}`,
     ),
     promote: defineQuery(
       "promote",
-      `WITH next AS (
-  SELECT n.id, n.available_at <= now() AS due FROM unnest($1::text[], $2::text[]) AS k(queue, key)
-  CROSS JOIN LATERAL (
-    SELECT id, available_at FROM ${m} WHERE queue = k.queue AND key = k.key ORDER BY id LIMIT 1
-  ) AS n
-), ranked AS (
-  SELECT id, due AND row_number() OVER (ORDER BY due DESC, id) <= $3 AS take FROM next
-)
-UPDATE ${m} AS t
-SET head = true,
-    -- A row someone already holds (a worker of an unordered queue) keeps its lease.
-    acquired_token = CASE WHEN r.take AND t.acquired_token IS NULL THEN $4::uuid ELSE t.acquired_token END,
-    acquired_at = CASE WHEN r.take AND t.acquired_token IS NULL THEN now() ELSE t.acquired_at END,
-    lease_expires_at = CASE WHEN r.take AND t.acquired_token IS NULL
-                            THEN now() + $5::double precision * interval '1 millisecond'
-                            ELSE t.lease_expires_at END,
-    acquired_by = CASE WHEN r.take AND t.acquired_token IS NULL THEN $6 ELSE t.acquired_by END,
-    deliveries_count = t.deliveries_count + CASE WHEN r.take AND t.acquired_token IS NULL THEN 1 ELSE 0 END
-FROM ranked AS r
-WHERE t.id = r.id AND (NOT t.head OR (r.take AND t.acquired_token IS NULL))
-RETURNING ${LEASED_COLUMNS}, t.acquired_token IS NOT DISTINCT FROM $4::uuid AS taken`,
+      `SELECT * FROM ${names.quotedSchema}.promote_heads($1::text[], $2::text[], $3::int, $4::uuid, $5::double precision, $6::text)`,
       (p) => [p.queues, p.keys, p.limit, p.token, p.leaseTtlMs, p.workerId],
+    ),
+    ackKeyed: defineQuery(
+      "ack_keyed",
+      `SELECT * FROM ${names.quotedSchema}.ack_keyed($1::bigint[], $2::uuid[], $3::int, $4::uuid, $5::double precision, $6::text, $7::boolean)`,
+      (p) => [p.ids, p.tokens, p.limit, p.token, p.leaseTtlMs, p.workerId, settings.synchronousCommit],
     ),
     ack: defineQuery(
       "ack",
