@@ -1,5 +1,5 @@
 import { defineQuery, type Query } from "./executor.js";
-import { LEASED_COLUMNS, type LeasedRow } from "./fetch.js";
+import type { LeasedRow } from "./fetch.js";
 import { TRY_KEY_LOCK } from "./key-lock.js";
 import type { OutboxNames } from "./names.js";
 import { type StatementSettings, settingsJoin, withSettings } from "./settings.js";
