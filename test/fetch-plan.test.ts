@@ -155,7 +155,7 @@ describe(`per-key ordering with one hot key of ${HOT} rows and ${OTHER_KEYS} oth
     expect(Math.max(...hits)).toBeLessThan(10_000);
   });
 
-  it("promoting the hot key's successor reads two index entries, not its backlog", async () => {
+  it("promoting the hot key's successor reads two index entries, not its backlog", async (ctx) => {
     const text = completeStatements(hot.names, { synchronousCommit: true }).promote.statement.text;
     // The promotion runs inside a function (promote_heads): auto_explain shows the plan of its UPDATE,
     // sent to this session as log messages.
@@ -164,7 +164,13 @@ describe(`per-key ordering with one hot key of ${HOT} rows and ${OTHER_KEYS} oth
     const onNotice = (n: { message?: string }) => notices.push(n.message ?? "");
     client.on("notice", onNotice);
     try {
-      await client.query("LOAD 'auto_explain'");
+      try {
+        await client.query("LOAD 'auto_explain'");
+      } catch (error) {
+        // A server without the contrib module (some embedded builds): say so, never pass silently.
+        console.warn(`fetch-plan.test: skipping the promotion plan, auto_explain unavailable (${String(error)})`);
+        ctx.skip();
+      }
       await client.query(`SET auto_explain.log_min_duration = 0; SET auto_explain.log_analyze = on;
         SET auto_explain.log_nested_statements = on; SET auto_explain.log_timing = off;
         SET client_min_messages = log`);
