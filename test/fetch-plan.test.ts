@@ -168,7 +168,9 @@ describe(`per-key ordering with one hot key of ${HOT} rows and ${OTHER_KEYS} oth
         await client.query("LOAD 'auto_explain'");
       } catch (error) {
         // A server without the contrib module (some embedded builds): say so, never pass silently.
-        console.warn(`fetch-plan.test: skipping the promotion plan, auto_explain unavailable (${String(error)})`);
+        console.warn(
+          `fetch-plan.test: skipping the promotion plan, auto_explain unavailable (${String(error)})`,
+        );
         ctx.skip();
       }
       await client.query(`SET auto_explain.log_min_duration = 0; SET auto_explain.log_analyze = on;

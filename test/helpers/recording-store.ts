@@ -105,7 +105,10 @@ export class RecordingStore implements LeaseStore {
 
   async lease(limit: number): Promise<Lease> {
     if (this.#injected("lease", [])) throw new Error("injected database error (lease)");
-    const lease = await this.inner.lease(limit);
+    return this.#recordLease(await this.inner.lease(limit));
+  }
+
+  #recordLease(lease: Lease): Lease {
     this.tokens.add(lease.token);
     this.journal.push({
       type: "store",
@@ -163,21 +166,7 @@ export class RecordingStore implements LeaseStore {
   /** Rows a write handed off are a lease like any other: recorded as one, right after the write. */
   async #handOff(write: Promise<Landed>): Promise<Landed> {
     const landed = await write;
-    const lease = landed.handedOff;
-    if (lease !== undefined) {
-      this.tokens.add(lease.token);
-      this.journal.push({
-        type: "store",
-        seq: this.journal.next(),
-        call: "lease",
-        failed: false,
-        deliveries: [],
-        lease: {
-          token: lease.token,
-          rows: lease.rows.map((r) => ({ id: r.id, deliveries: r.deliveries_count })),
-        },
-      });
-    }
+    if (landed.handedOff !== undefined) this.#recordLease(landed.handedOff);
     return landed;
   }
 
