@@ -35,7 +35,10 @@ export interface CompleteStatements {
    * head it deleted, for `promote` to run next in the same transaction.
    */
   ackKeyed: Query<DeliveryParams & Omit<PromoteParams, "queues" | "keys">, AckKeyedRow>;
-  /** The dead-letter move for deliveries that may head a key: as `dead`, with `ackKeyed`'s lock and answer. */
+  /**
+   * The dead-letter move for deliveries that may head a key: as `dead`, trying each head's key lock (a
+   * busy head stays); `heads` names the keys whose head went, for `promote` in the same transaction.
+   */
   deadKeyed: Query<DeadParams, KeyedRow>;
   /**
    * After a keyed ack or dead-letter move, in its transaction (holding the key locks, so no producer of the
@@ -89,7 +92,7 @@ export type AckKeyedRow =
   | { kind: "deleted" | "written" | "busy"; delivery: string }
   | ({ kind: "promoted"; delivery: null } & PromotedRow);
 
-/** The one row of a keyed ack or dead-letter move. */
+/** The one row of a keyed dead-letter move (the keyed ack answers with `AckKeyedRow`s). */
 export interface KeyedRow {
   /** The deliveries written; null when all were (none busy, none lost). */
   keys: string[] | null;
