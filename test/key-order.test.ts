@@ -1,6 +1,7 @@
 import type { PoolClient } from "pg";
 import { beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { constant, type MessageContext, PermanentError, replayDeadLetters } from "../src/index.js";
+import { completeStatements } from "../src/sql/complete.js";
 import { runQuery } from "../src/sql/executor.js";
 import { repairKeyHeadsStatement } from "../src/sql/key-heads.js";
 import { testDatabase } from "./helpers/database.js";
@@ -400,6 +401,64 @@ describe("commit order: publish serialises producers of one key", () => {
         }
       }
     }
+  });
+
+  it("a keyed ack or dead-letter move locks the keys of its own heads only, not every leased row's", async () => {
+    // 300 keys, one head each: another worker holds 250 leased, this one 50. A lock tried on every leased
+    // row the planner scans would hold the other worker's keys until commit: its acks would come back busy
+    // and its producers would wait.
+    await db.pool.query(
+      `INSERT INTO ${db.names.messages} (queue, payload, key) SELECT 'locks', '{}', 'k' || g FROM generate_series(1, 300) AS g`,
+    );
+    const lease = async (token: string, n: number) =>
+      (
+        await db.pool.query(
+          `UPDATE ${db.names.messages} SET acquired_token = $1, acquired_at = now(), lease_expires_at = now() + interval '1 minute'
+           WHERE id IN (SELECT id FROM ${db.names.messages} WHERE acquired_token IS NULL ORDER BY id LIMIT $2)
+           RETURNING id::text`,
+          [token, n],
+        )
+      ).rows.map((r) => r.id as string);
+    await lease("00000000-0000-4000-8000-00000000000b", 250);
+    const mine = "00000000-0000-4000-8000-00000000000a";
+    const ids = await lease(mine, 50);
+    await db.pool.query(`ANALYZE ${db.names.messages}`);
+    const sql = completeStatements(db.names, { synchronousCommit: true });
+    const ownLocks = (c: PoolClient) =>
+      c
+        .query(
+          "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+        )
+        .then((r) => r.rows[0].n as number);
+    const half = ids.slice(0, 25);
+    const tokens = (xs: string[]) => xs.map(() => mine);
+    // Both run in a transaction rolled back at the end, so the locks can be counted before commit.
+    await db.inTransaction(async (c) => {
+      const rows = await runQuery(c, sql.ackKeyed, {
+        ids: half,
+        tokens: tokens(half),
+        limit: 0,
+        token: mine,
+        leaseTtlMs: 60_000,
+        workerId: "w",
+      });
+      expect(rows.find((r) => r.kind === "deleted")?.delivery).toBe("25");
+      expect(await ownLocks(c)).toBe(25);
+    }, true);
+    const rest = ids.slice(25);
+    await db.inTransaction(async (c) => {
+      const [row] = await runQuery(c, sql.deadKeyed, {
+        ids: rest,
+        tokens: tokens(rest),
+        reasons: rest.map(() => "permanent"),
+        errors: rest.map(() => null),
+        attempted: rest.map(() => 1),
+        failed: rest.map(() => 1),
+        maxErrorLength: 100,
+      });
+      expect(row?.head_keys).toHaveLength(25);
+      expect(await ownLocks(c)).toBe(25);
+    }, true);
   });
 
   it("never strands a key when its head is acked while a producer of that key is in flight", async () => {

@@ -84,7 +84,7 @@ export interface PromoteParams {
 export type PromotedRow = LeasedRow & { taken: boolean };
 
 /**
- * A row of the keyed ack (the `ack_keyed` function of migration 0003): `deleted` (the count, as text),
+ * A row of the keyed ack (the `ack_keyed` function, migration 0005): `deleted` (the count, as text),
  * `written` deliveries (only when some were not), `busy` ones (a producer holds their key's lock), and `promoted` new heads (`taken`:
  * handed off to the caller, with the {@link LeasedRow} columns).
  */
@@ -126,10 +126,21 @@ export function completeStatements(names: OutboxNames, settings: StatementSettin
   const m = names.messages;
   const pairs = "unnest($1::bigint[], $2::uuid[])";
   const also = settingsJoin(settings);
-  // A head's key lock is only tried, while deleting it: waiting could deadlock with a producer that takes
-  // several keys' locks in its own order, and would stall this batch behind a long producer transaction.
-  // A head whose lock is busy stays (a producer of its key is in flight; its row must be visible first).
-  const headGuard = ` AND (t.key IS NULL OR NOT t.head OR ${TRY_KEY_LOCK("t.queue", "t.key")})`;
+  const deadPairs =
+    "unnest($1::bigint[], $2::uuid[], $3::text[], $4::text[], $5::int[], $6::int[]) AS d(id, token, reason, error, attempted, failed)";
+  // A head's key lock is only tried: waiting could deadlock with a producer that takes several keys' locks
+  // in its own order, and would stall this batch behind a long producer transaction. A head whose lock is
+  // busy stays (a producer of its key is in flight; its row must be visible first). The lock is tried on
+  // the deliveries' own rows, materialised first: as a filter on the table, the planner may run it on every
+  // leased row it scans and hold other workers' keys until commit. A row promoted since (an unordered
+  // queue's) is a head without its lock: it stays too.
+  const keyedSource = `mine AS MATERIALIZED (
+  SELECT d.*, t.queue AS lock_queue, t.key AS lock_key, t.head AS lock_head
+  FROM ${deadPairs} JOIN ${m} AS t ON t.id = d.id AND t.acquired_token = d.token
+), kept AS MATERIALIZED (
+  SELECT k.*, k.lock_key IS NOT NULL AND k.lock_head AS locked FROM mine AS k
+  WHERE k.lock_key IS NULL OR NOT k.lock_head OR ${TRY_KEY_LOCK("k.lock_queue", "k.lock_key")}
+), `;
   // Only when some delivery was not written: which of them are still ours, as heads (busy), and not lost.
   // The rows gone are still visible to this statement's snapshot, so they are excluded by id.
   const keyedAnswer = `SELECT CASE WHEN count(*) < cardinality($1::bigint[]) THEN COALESCE(array_agg(g.delivery), '{}') END AS keys,
@@ -141,11 +152,10 @@ export function completeStatements(names: OutboxNames, settings: StatementSettin
        COALESCE(array_agg(g.queue) FILTER (WHERE g.order_key IS NOT NULL AND g.head), '{}') AS head_queues,
        COALESCE(array_agg(g.order_key) FILTER (WHERE g.order_key IS NOT NULL AND g.head), '{}') AS head_keys
 FROM gone AS g`;
-  const deadMove = (guard: string, returning: string) => `gone AS (
+  const deadMove = (keyed: boolean, returning: string) => `${keyed ? keyedSource : ""}gone AS (
   DELETE FROM ${m} AS t
-  USING unnest($1::bigint[], $2::uuid[], $3::text[], $4::text[], $5::int[], $6::int[])
-        AS d(id, token, reason, error, attempted, failed)${also}
-  WHERE t.id = d.id AND t.acquired_token = d.token${guard}
+  USING ${keyed ? "kept AS d" : deadPairs}${also}
+  WHERE t.id = d.id AND t.acquired_token = d.token${keyed ? " AND (t.key IS NULL OR NOT t.head OR d.locked)" : ""}
   RETURNING t.*, d.reason, d.error, d.attempted, d.failed${returning}
 ), moved AS (
   INSERT INTO ${names.deadLetters} AS dl
@@ -178,7 +188,7 @@ FROM gone AS g`;
   return {
     deadKeyed: defineQuery(
       "dead_keyed",
-      `${withSettings(settings, true)}${deadMove(headGuard, `, ${KEY} AS delivery, t.key AS order_key`)}
+      `${withSettings(settings, true)}${deadMove(true, `, ${KEY} AS delivery, t.key AS order_key`)}
 ${keyedAnswer}`,
       deadValues,
     ),
@@ -223,7 +233,7 @@ RETURNING t.id::text || '/' || d.token::text AS key`,
     ),
     dead: defineQuery(
       "dead",
-      `${withSettings(settings, true)}${deadMove("", "")}
+      `${withSettings(settings, true)}${deadMove(false, "")}
 -- Every row that left messages is in dead_letters (the INSERT cannot skip one), so gone names the moves.
 SELECT t.id::text || '/' || t.acquired_token::text AS key FROM gone AS t`,
       deadValues,
