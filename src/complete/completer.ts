@@ -22,7 +22,7 @@ export interface CompleterDeps {
   flushed(): void;
   /**
    * Hand-off of the next message of each key whose head an ack or dead-letter move removes: `reserve`
-   * says how many rows (up to `upTo`) the caller can take now and keeps that room until `settle`, which
+   * says how many rows (up to `upTo`, one per keyed delivery written) the caller takes now, and `settle`
    * gets the rows the write leased to it, if any.
    */
   handOff?: {
@@ -38,11 +38,20 @@ export interface CompleterDeps {
   maxConsecutiveFailures: number;
 }
 
+/**
+ * Batches written at once: while one batch's statement runs, the next is written beside it instead of
+ * waiting. A keyed ack also promotes and hands off the next row of each key, so the completion is the
+ * keyed drain's critical path: one flush at a time would leave Postgres one core for it.
+ */
+const MAX_FLUSHES = 2;
+
 export class Completer {
   #buffer: Outcome[] = [];
-  #flushing: Promise<void> | undefined;
+  #flushes = 0;
+  #inFlight = 0;
   #timer: NodeJS.Timeout | undefined;
-  #failures = 0;
+  /** Consecutive failed attempts of each batch being retried. */
+  #failing = new Map<Outcome[], number>();
   #stopped = false;
   #idleWaiters: (() => void)[] = [];
 
@@ -50,18 +59,17 @@ export class Completer {
 
   /** True while writes fail: outcomes wait unwritten, so their leases should not be kept alive. */
   get failing(): boolean {
-    return this.#failures > 0;
+    return this.#failing.size > 0;
   }
 
   /** Outcomes accepted but not yet landed (they still hold their local slots). */
   get pending(): number {
     return this.#buffer.length + this.#inFlight;
   }
-  #inFlight = 0;
 
   submit(outcome: Outcome): void {
     this.#buffer.push(outcome);
-    if (this.#flushing) return;
+    if (this.#flushes >= MAX_FLUSHES) return;
     if (this.#buffer.length >= this.deps.batchSize) {
       this.#startFlush();
     } else if (!this.#timer) {
@@ -77,7 +85,7 @@ export class Completer {
   /** Resolves when everything submitted so far has landed (or the completer was stopped). */
   idle(): Promise<void> {
     if (this.pending === 0 || this.#stopped) return Promise.resolve();
-    if (!this.#flushing && !this.#timer) this.#startFlush();
+    if (this.#flushes === 0 && !this.#timer) this.#startFlush();
     return new Promise((resolve) => this.#idleWaiters.push(resolve));
   }
 
@@ -92,27 +100,21 @@ export class Completer {
   #startFlush(): void {
     clearTimeout(this.#timer);
     this.#timer = undefined;
-    if (this.#flushing || this.#stopped) return;
-    this.#flushing = this.#flushLoop().finally(() => {
-      this.#flushing = undefined;
-      if (this.#buffer.length > 0 && !this.#stopped) this.#startFlush();
+    if (this.#stopped || this.#flushes >= MAX_FLUSHES || this.#buffer.length === 0) return;
+    const batch = this.#buffer.splice(0, this.deps.batchSize);
+    this.#flushes++;
+    this.#inFlight += batch.length;
+    for (const o of batch) o.held.writing = true;
+    void this.#writeUntilLanded(batch).finally(() => {
+      for (const o of batch) o.held.writing = false;
+      this.#flushes--;
+      this.#inFlight -= batch.length;
+      if (this.#stopped) return;
+      this.deps.flushed();
+      // Outcomes that arrived meanwhile have waited a window already.
+      if (this.#buffer.length > 0) this.#startFlush();
       else if (this.pending === 0) for (const w of this.#idleWaiters.splice(0)) w();
     });
-  }
-
-  async #flushLoop(): Promise<void> {
-    while (this.#buffer.length > 0 && !this.#stopped) {
-      const batch = this.#buffer.splice(0, this.deps.batchSize);
-      this.#inFlight = batch.length;
-      for (const o of batch) o.held.writing = true;
-      try {
-        await this.#writeUntilLanded(batch);
-      } finally {
-        for (const o of batch) o.held.writing = false;
-        this.#inFlight = 0;
-      }
-      this.deps.flushed();
-    }
   }
 
   async #writeUntilLanded(batch: Outcome[]): Promise<void> {
@@ -122,43 +124,45 @@ export class Completer {
       if (items) items.push(o);
       else kinds.set(o.kind, [o]);
     }
-    let retrying = false;
-    for (;;) {
-      // Each kind is one statement on rows the others don't touch, so they run side by side. A kind that
-      // landed is not written again when another fails: a repeat would find its rows gone and call them lost.
-      const results = await Promise.allSettled(
-        [...kinds].map(async ([kind, items]) => {
-          const written = await this.#run(kind, items);
-          // After a failed attempt, a delivery this attempt missed may be one the failed attempt wrote
-          // (committed, answer lost): the row's fate tells it from one another worker took over.
-          const earlier = retrying ? await this.#landedEarlier(kind, items, written) : undefined;
-          kinds.delete(kind);
-          for (const o of items) {
-            if (written.has(o.held) || earlier?.has(o)) {
-              settle(o.held, SETTLED[o.kind]);
-              this.deps.landed(o);
-            } else this.deps.lost(o);
-          }
-        }),
-      );
-      const failure = results.find((r): r is PromiseRejectedResult => r.status === "rejected");
-      if (!failure) {
-        this.#failures = 0;
-        return;
+    let failures = 0;
+    try {
+      for (;;) {
+        // Each kind is one statement on rows the others don't touch, so they run side by side. A kind that
+        // landed is not written again when another fails: a repeat would find its rows gone and call them lost.
+        const retrying = failures > 0;
+        const results = await Promise.allSettled(
+          [...kinds].map(async ([kind, items]) => {
+            const written = await this.#run(kind, items);
+            // After a failed attempt, a delivery this attempt missed may be one the failed attempt wrote
+            // (committed, answer lost): the row's fate tells it from one another worker took over.
+            const earlier = retrying ? await this.#landedEarlier(kind, items, written) : undefined;
+            kinds.delete(kind);
+            for (const o of items) {
+              if (written.has(o.held) || earlier?.has(o)) {
+                settle(o.held, SETTLED[o.kind]);
+                this.deps.landed(o);
+              } else this.deps.lost(o);
+            }
+          }),
+        );
+        const failure = results.find((r): r is PromiseRejectedResult => r.status === "rejected");
+        if (!failure) return;
+        failures++;
+        this.#failing.set(batch, failures);
+        const error = failure.reason instanceof Error ? failure.reason : new Error(String(failure.reason));
+        this.deps.onError(error, failures);
+        if (failures >= this.deps.maxConsecutiveFailures) {
+          this.deps.onFatal(error);
+          this.stop();
+          return;
+        }
+        await sleep(
+          backoffDelay(failures, { baseMs: this.deps.backoffBaseMs, maxMs: this.deps.backoffMaxMs }),
+        );
+        if (this.#stopped) return;
       }
-      this.#failures++;
-      retrying = true;
-      const error = failure.reason instanceof Error ? failure.reason : new Error(String(failure.reason));
-      this.deps.onError(error, this.#failures);
-      if (this.#failures >= this.deps.maxConsecutiveFailures) {
-        this.deps.onFatal(error);
-        this.stop();
-        return;
-      }
-      await sleep(
-        backoffDelay(this.#failures, { baseMs: this.deps.backoffBaseMs, maxMs: this.deps.backoffMaxMs }),
-      );
-      if (this.#stopped) return;
+    } finally {
+      this.#failing.delete(batch);
     }
   }
 

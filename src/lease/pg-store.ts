@@ -136,6 +136,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     const token = randomUUID();
     const handedOff: LeasedRow[] = [];
     let pending = writes;
+    let allWritten = false;
     const deadline = Date.now() + options.queryTimeoutMs;
     try {
       for (let attempt = 0; ; attempt++) {
@@ -145,13 +146,15 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
           leaseTtlMs: options.leaseTtlMs,
           workerId: options.workerId,
         });
+        // The rows go on as they came (a copy per row costs the worker more than the extra fields do).
         for (const n of next) {
-          if (!n.taken) {
-            promoted++;
-            continue;
-          }
-          const { taken: _, ...leased } = n;
-          handedOff.push(leased);
+          if (n.taken) handedOff.push(n);
+          else promoted++;
+        }
+        // The common case: every delivery written in the first round, nothing to name.
+        if (attempt === 0 && keys === null && busy.size === 0) {
+          allWritten = true;
+          break;
         }
         // Null keys: every delivery not busy was written.
         const wrote = keys ? new Set(keys) : undefined;
@@ -177,7 +180,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     }
     // New heads not handed off may be due now: without a wake-up they would wait for the next poll.
     if (promoted > 0) options.onPromoted?.(promoted);
-    const landed = landedByKey(written, key);
+    const landed = allWritten ? allLanded(writes.length) : landedByKey(written, key);
     return handedOff.length === 0 ? landed : { ...landed, handedOff: { token, rows: handedOff } };
   }
 
@@ -192,10 +195,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
       if (r.kind === "deleted") deleted = Number(r.delivery);
       else if (r.kind === "written") keys.push(r.delivery);
       else if (r.kind === "busy") busy.add(r.delivery);
-      else if (r.kind === "promoted") {
-        const { kind: _, delivery: __, ...row } = r;
-        next.push(row);
-      }
+      else if (r.kind === "promoted") next.push(r);
     }
     return { keys: deleted === ws.length ? null : keys, busy, next };
   }

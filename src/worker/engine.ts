@@ -113,16 +113,11 @@ export function createEngine(deps: EngineDeps): Engine {
     },
     lost: (o: Outcome) => forget(o.held, o.kind),
     handOff: {
-      // The room a fetch would have: the rows handed off replace the heads acknowledged, one for one.
-      reserve: (upTo) => {
-        // A stopping worker takes no new rows: the next message of the key is left for the others.
-        if (stopping) return 0;
-        const room = Math.min(upTo, free());
-        handOffReserved += room;
-        return room;
-      },
-      settle: (reserved, lease) => {
-        handOffReserved -= reserved;
+      // No room to find: the rows handed off replace the heads completed, one for one (at most one new head
+      // per keyed delivery), so they take slots those rows held, and the held count does not grow.
+      // A stopping worker takes no new rows: the next message of the key is left for the others.
+      reserve: (upTo) => (stopping ? 0 : upTo),
+      settle: (_reserved, lease) => {
         if (lease !== undefined) take(heldRows(lease.token, lease.rows));
       },
     },
@@ -133,9 +128,8 @@ export function createEngine(deps: EngineDeps): Engine {
 
   // Round trip of the last leases (moving average, ms): how long a row takes to arrive once asked for.
   let fetchMs = 1;
-  // Room promised to a fetch or a hand-off in flight: the other must not count it as free.
+  // Room promised to the fetch in flight: not free for the next.
   let fetchReserved = 0;
-  let handOffReserved = 0;
   let stopping = false;
   // Hand-backs of rows that arrived after the stop began: the stop waits for them before it returns.
   const lateReleases = new Set<Promise<number>>();
@@ -147,7 +141,7 @@ export function createEngine(deps: EngineDeps): Engine {
    */
   function free(): number {
     const queued = queue.size;
-    const room = capacity - queued - completer.pending - fetchReserved - handOffReserved;
+    const room = capacity - queued - completer.pending - fetchReserved;
     const handlerMs = dispatcher.handlerMs;
     // Until a handler finished, one loop's worth ahead: a first fetch must not hoard rows for handlers
     // that may take seconds.
