@@ -298,7 +298,14 @@ describe("the choke points, in process", () => {
   registerConfigSecrets({
     databaseUrl: undefined,
     relays: {
-      q: { type: "nats", servers: [`nats://${token}@n1:4222`], subject: "s", timeoutMs: 5000, ordered: true },
+      q: {
+        type: "nats",
+        servers: [`nats://${token}@n1:4222`],
+        subject: "s",
+        timeoutMs: 5000,
+        ordered: true,
+        eventType: "{queue}",
+      },
     },
   });
 

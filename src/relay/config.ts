@@ -14,6 +14,18 @@ const ordered = z
     "same-key messages are relayed one at a time, in publish order; false: the key is plain metadata",
   );
 
+// Every relay sends CloudEvents 1.0 (see src/relay/cloudevents.ts); these name them.
+const eventSource = z
+  .string()
+  .min(1)
+  .optional()
+  .describe("CloudEvents `source` (a URI-reference); unset: `/outbox/<database>/<schema>`");
+const eventType = z
+  .string()
+  .min(1)
+  .default(QUEUE_PLACEHOLDER)
+  .describe("CloudEvents `type`; `{queue}` is replaced by the message's queue");
+
 // An RFC 9110 token: a name fetch accepts, so a bad one fails at startup rather than on every message.
 const headerName = z.string().regex(/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/, "must be a valid HTTP header name");
 const headerValue = z.string().regex(/^[\t\x20-\x7e\x80-\xff]*$/, "must not hold control characters");
@@ -31,6 +43,8 @@ export const httpRelayConfigSchema = z.strictObject({
   method: z.enum(["POST", "PUT"]).default("POST").describe("HTTP method"),
   timeoutMs: timeoutMs(10_000).describe("per request; a timeout is retried"),
   ordered,
+  eventSource,
+  eventType,
   /** Static headers sent with every request; they cannot override the relay's own headers. */
   headers: z
     .record(headerName, headerValue)
@@ -59,6 +73,8 @@ export const redisRelayConfigSchema = z.strictObject({
     .describe("approximate cap on the stream's length (`MAXLEN ~`); older entries are trimmed"),
   timeoutMs: timeoutMs(5000).describe("connect and per-command timeout; a timeout is retried"),
   ordered,
+  eventSource,
+  eventType,
 });
 
 export const natsRelayConfigSchema = z.strictObject({
@@ -81,6 +97,8 @@ export const natsRelayConfigSchema = z.strictObject({
     ),
   timeoutMs: timeoutMs(5000).describe("connect and per-publish timeout (waiting for the stream's ack)"),
   ordered,
+  eventSource,
+  eventType,
 });
 
 export const rabbitmqRelayConfigSchema = z.strictObject({
@@ -108,6 +126,8 @@ export const rabbitmqRelayConfigSchema = z.strictObject({
     ),
   timeoutMs: timeoutMs(10_000).describe("connect and per-publish timeout (waiting for the broker's confirm)"),
   ordered,
+  eventSource,
+  eventType,
 });
 
 export const relayConfigSchema = z.discriminatedUnion("type", [

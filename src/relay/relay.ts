@@ -23,4 +23,9 @@ export interface RelayDeps {
   logger: Logger;
   /** The queue this relay serves, when it is one: lets a probe check the target `{queue}` names. */
   queue?: string;
+  /**
+   * The CloudEvents `source` when the relay config sets no `eventSource` (the service passes
+   * `/outbox/<database>/<schema>`, see `defaultEventSource`); unset: `/outbox`.
+   */
+  source?: string;
 }

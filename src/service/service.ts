@@ -2,6 +2,7 @@ import pg from "pg";
 import type { Logger } from "pino";
 import { type EmbeddedPostgresHandle, startEmbeddedPostgres } from "../embedded/embedded-postgres.js";
 import { migrate } from "../migrate/migrator.js";
+import { defaultEventSource } from "../relay/cloudevents.js";
 import { createRelay } from "../relay/create-relay.js";
 import type { Relay } from "../relay/relay.js";
 import { redactConnectionString, registerUrlSecrets } from "../util/redact.js";
@@ -96,6 +97,7 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
       const relay = await createRelay(relayConfig, {
         logger: log.child({ relay: relayConfig.type, queue }),
         queue,
+        source: defaultEventSource(url, config.schema),
       });
       relays[queue] = relay;
       // Relays forward the stored JSON text as it is: no parse, no lost digits.
