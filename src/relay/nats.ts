@@ -13,6 +13,13 @@ import { OutboxConfigError } from "../contract/errors.js";
 import type { MessageContext } from "../contract/handler.js";
 import { errorMessage, PermanentError, TransientError } from "../contract/handler-errors.js";
 import { redactConnectionString } from "../util/redact.js";
+import {
+  binaryAttributes,
+  type CloudEventNaming,
+  cloudEventAttributes,
+  DEFAULT_SOURCE,
+  isExtensionName,
+} from "./cloudevents.js";
 import { natsRelayConfigSchema, parseRelayConfig, QUEUE_PLACEHOLDER, renderTarget } from "./config.js";
 import { withDeadline } from "./deadline.js";
 import { type RelayHealth, RelayHealthTracker } from "./health.js";
@@ -36,10 +43,12 @@ interface NatsSession {
 }
 
 /**
- * Publishes each message's payload (its stored JSON text, unchanged) to JetStream with the outbox id as `Nats-Msg-Id`, so the server
- * drops a redelivered id within the stream's duplicate window (2 minutes by default): exactly once per
- * window. Message headers travel as NATS headers (JetStream's own `Nats-*` ones are dropped), plus
- * `Outbox-Queue`, `Outbox-Key` and `Outbox-Created-At`.
+ * Publishes each message to JetStream as a CloudEvent in the NATS protocol binding's binary content mode:
+ * the data (the payload's stored JSON text, unchanged) is the message body, and every attribute, including
+ * `datacontenttype`, is a `ce-<name>` header, its value percent-encoded (see {@link natsEventHeaders}).
+ * The outbox id is also `Nats-Msg-Id`, so the server drops a redelivered id within the stream's duplicate
+ * window (2 minutes by default): exactly once per window. Message headers whose names cannot be extension
+ * attributes (say `x-tenant`) travel as plain NATS headers (JetStream's own `Nats-*` ones are dropped).
  *
  * A subject no stream captures answers "no responders": a configuration mistake, so it is transient and
  * logged rather than dead-lettering every message, and `health()` reports the relay `misconfigured` (it
@@ -58,6 +67,10 @@ export async function createNatsRelay(
   const shown = servers.map(redactConnectionString);
   const what = `nats ${shown.join(",")}`;
   const logger = deps.logger.child({ relay: "nats", servers: shown });
+  const naming: CloudEventNaming = {
+    source: config.eventSource ?? deps.source ?? DEFAULT_SOURCE,
+    type: config.eventType,
+  };
   const streamSubject = config.stream === undefined ? undefined : streamSubjectFor(config.subject);
   // With `{queue}` in the subject, the probe can only check the subject of the queue it serves.
   const probeSubject =
@@ -144,7 +157,7 @@ export async function createNatsRelay(
     const data = Buffer.from(message.rawPayload);
     let headers: MsgHdrs;
     try {
-      headers = messageHeaders(message);
+      headers = natsEventHeaders(message, naming);
     } catch (error) {
       throw new PermanentError(`message headers cannot be NATS headers: ${errorMessage(error)}`, {
         cause: error,
@@ -205,17 +218,44 @@ export function streamSubjectFor(subject: string): string {
     .join(".");
 }
 
-function messageHeaders(message: MessageContext): MsgHdrs {
+/**
+ * The NATS headers of a message's event, per the CloudEvents NATS protocol binding (binary content mode,
+ * §3.1.3): each attribute as `ce-<name>` (`datacontenttype` too: the binding keeps `Content-Type` to mark
+ * structured mode), values percent-encoded. Message headers that are not attributes come first, so a
+ * stray one named like an attribute header cannot replace the event's own.
+ */
+export function natsEventHeaders(message: MessageContext, naming: CloudEventNaming): MsgHdrs {
+  const attributes = cloudEventAttributes(message, naming);
   const headers = natsHeaders();
   for (const [name, value] of Object.entries(message.headers)) {
     // Nats-Expected-* and friends are JetStream instructions, not data: a stray one would fail every publish.
-    if (!/^nats-/i.test(name)) headers.append(name, value);
+    if (!isEventAttribute(name) && !/^nats-/i.test(name)) headers.append(name, value);
   }
-  headers.set("Content-Type", "application/json");
-  headers.set("Outbox-Queue", message.queue);
-  if (message.key !== null) headers.set("Outbox-Key", message.key);
-  headers.set("Outbox-Created-At", message.createdAt.toISOString());
+  for (const [name, value] of binaryAttributes(attributes)) headers.set(`ce-${name}`, percentEncode(value));
+  headers.set("ce-datacontenttype", attributes.datacontenttype);
   return headers;
+}
+
+/** A message header that becomes an attribute of the event (see cloudEventAttributes). */
+export function isEventAttribute(name: string): boolean {
+  return name === "traceparent" || name === "tracestate" || isExtensionName(name);
+}
+
+/**
+ * The binding's header value encoding (§3.1.3.2): space, double quote, percent and every character outside
+ * printable ASCII as upper-case %XX of its UTF-8 bytes. NATS headers are ASCII lines, and the client trims
+ * values, so a subject with spaces or non-ASCII letters would otherwise arrive changed.
+ */
+export function percentEncode(value: string): string {
+  let encoded = "";
+  for (const char of value) {
+    const code = char.codePointAt(0) ?? 0;
+    if (code > 0x20 && code < 0x7f && char !== '"' && char !== "%") encoded += char;
+    else
+      for (const byte of Buffer.from(char, "utf8"))
+        encoded += `%${byte.toString(16).toUpperCase().padStart(2, "0")}`;
+  }
+  return encoded;
 }
 
 function classify(error: unknown, subject: string, onNoStream: () => void): Error {

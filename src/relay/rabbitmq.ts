@@ -3,6 +3,13 @@ import type { z } from "zod";
 import type { MessageContext } from "../contract/handler.js";
 import { errorMessage, PermanentError, TransientError } from "../contract/handler-errors.js";
 import { redactConnectionString } from "../util/redact.js";
+import {
+  binaryAttributes,
+  type CloudEventNaming,
+  cloudEventAttributes,
+  DEFAULT_SOURCE,
+  isExtensionName,
+} from "./cloudevents.js";
 import { parseRelayConfig, QUEUE_PLACEHOLDER, rabbitmqRelayConfigSchema, renderTarget } from "./config.js";
 import { withDeadline } from "./deadline.js";
 import { type RelayHealth, RelayHealthTracker } from "./health.js";
@@ -22,10 +29,16 @@ interface RabbitSession {
 }
 
 /**
- * Publishes each message's payload (its stored JSON text, unchanged) persistent and mandatory on a confirm channel, with the outbox
- * id as `messageId`, and resolves only once the broker confirmed it. RabbitMQ cannot dedupe by
- * messageId: a redelivered message is published again, so consumers dedupe by `messageId`. Message headers
- * go in the AMQP headers, plus `x-outbox-queue` and `x-outbox-key`.
+ * Publishes each message as a CloudEvent in binary content mode, persistent and mandatory on a confirm
+ * channel, and resolves only once the broker confirmed it. CloudEvents' own AMQP binding is for AMQP 1.0
+ * (`cloudEvents:` application properties), which a 0-9-1 client never sees as such; RabbitMQ users follow
+ * Knative eventing-rabbitmq's "RabbitMQ Protocol Binding for CloudEvents" instead (its RabbitMQ source and
+ * broker read it, and so did the binding proposed for the .NET SDK): each attribute as a `ce-<name>` entry of
+ * the headers table, its value as is (table strings are UTF-8), `datacontenttype` as the `contentType`
+ * property, the data (the payload's stored JSON text, unchanged) as the body. The outbox id is also
+ * `messageId`, the type the AMQP `type`. RabbitMQ cannot dedupe: a redelivered message is published
+ * again, so consumers dedupe by `ce-id` (= `messageId`). Message headers whose names cannot be extension
+ * attributes (say `x-tenant`) stay in the headers table as they are.
  *
  * Every failure is transient: the broker down (the connection is re-opened on the next publish), a nack,
  * a timeout, or an unroutable message (returned by the broker: a configuration mistake that must not
@@ -39,6 +52,10 @@ export async function createRabbitmqRelay(
   const url = redactConnectionString(config.url);
   const what = `rabbitmq ${url}`;
   const logger = deps.logger.child({ relay: "rabbitmq", url });
+  const naming: CloudEventNaming = {
+    source: config.eventSource ?? deps.source ?? DEFAULT_SOURCE,
+    type: config.eventType,
+  };
   const logOnce = throttledLog(30_000);
   const health = new RelayHealthTracker(
     `${what} exchange "${config.exchange}" routing key "${config.routingKey}"`,
@@ -129,14 +146,15 @@ export async function createRabbitmqRelay(
     });
     // The stored JSON text, byte for byte: a re-serialised payload would round numbers beyond 2^53.
     const content = Buffer.from(message.rawPayload);
-    const headers: Record<string, string> = { ...message.headers, "x-outbox-queue": message.queue };
-    if (message.key !== null) headers["x-outbox-key"] = message.key;
+    const attributes = cloudEventAttributes(message, naming);
+    const headers = rabbitmqEventHeaders(message, attributes);
     const confirmed = new Promise<void>((resolve, reject) => {
       const options = {
         persistent: true,
         mandatory: true,
         messageId: message.id,
-        contentType: "application/json",
+        contentType: attributes.datacontenttype,
+        type: attributes.type,
         timestamp: Math.floor(message.createdAt.getTime() / 1000),
         headers,
       };
@@ -177,6 +195,23 @@ export async function createRabbitmqRelay(
   }
 
   return { kind: "rabbitmq", handler, health: relayHealth, close: () => connection.close() };
+}
+
+/**
+ * The headers table: message headers that are not attributes as they are, then `ce-<name>` for every
+ * attribute but `datacontenttype` (the `contentType` property), so a stray message header named like one
+ * cannot replace the event's own.
+ */
+export function rabbitmqEventHeaders(
+  message: MessageContext,
+  attributes: ReturnType<typeof cloudEventAttributes>,
+): Record<string, string> {
+  const headers: Record<string, string> = {};
+  for (const [name, value] of Object.entries(message.headers)) {
+    if (name !== "traceparent" && name !== "tracestate" && !isExtensionName(name)) headers[name] = value;
+  }
+  for (const [name, value] of binaryAttributes(attributes)) headers[`ce-${name}`] = value;
+  return headers;
 }
 
 /** The broker closed the channel with 404 NOT_FOUND: an exchange (or queue) that does not exist. */

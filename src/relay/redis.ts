@@ -3,6 +3,13 @@ import type { z } from "zod";
 import type { MessageContext } from "../contract/handler.js";
 import { errorMessage, TransientError } from "../contract/handler-errors.js";
 import { redactConnectionString } from "../util/redact.js";
+import {
+  type CloudEventNaming,
+  cloudEventAttributes,
+  DEFAULT_SOURCE,
+  isExtensionName,
+  structuredEvent,
+} from "./cloudevents.js";
 import { parseRelayConfig, QUEUE_PLACEHOLDER, redisRelayConfigSchema, renderTarget } from "./config.js";
 import { withDeadline } from "./deadline.js";
 import { RelayHealthTracker } from "./health.js";
@@ -12,9 +19,13 @@ import { throttledLog } from "./throttle.js";
 const MAX_RECONNECT_DELAY_MS = 2000;
 
 /**
- * XADDs each message to a Redis stream (`MAXLEN ~ maxLen`) with the fields `id`, `queue`, `key` (left
- * out when null), `headers` (JSON), `payload` (the stored JSON text, unchanged) and `createdAt` (ISO 8601). Streams cannot dedupe
- * by our id: a redelivered message is added again, so consumers dedupe by the `id` field. Every failure
+ * XADDs each message to a Redis stream (`MAXLEN ~ maxLen`) as a CloudEvent. Redis has no CloudEvents
+ * binding, so the event is in structured content mode: field `event` holds the JSON event format
+ * (`application/cloudevents+json`, the data spliced in as the payload's stored JSON text, unchanged).
+ * Fields `id`, `type` and `subject` (left out for a keyless message) copy those attributes so consumers
+ * dedupe and route without parsing; `headers` (JSON, left out when empty) holds the message headers whose
+ * names cannot be extension attributes (say `x-tenant`). Streams cannot dedupe by our id: a redelivered
+ * message is added again, so consumers dedupe by the `id` field. Every failure
  * is transient: an unreachable server, a timeout, or an error reply such as WRONGTYPE (a configuration
  * mistake, logged, must not dead-letter messages).
  */
@@ -25,6 +36,10 @@ export async function createRedisRelay(
   const config = parseRelayConfig(redisRelayConfigSchema, input);
   const url = redactConnectionString(config.url);
   const logger = deps.logger.child({ relay: "redis", url });
+  const naming: CloudEventNaming = {
+    source: config.eventSource ?? deps.source ?? DEFAULT_SOURCE,
+    type: config.eventType,
+  };
   const logOnce = throttledLog(30_000);
   const client = new Redis(config.url, {
     lazyConnect: true,
@@ -62,17 +77,7 @@ export async function createRedisRelay(
 
   const handler = async (_payload: unknown, message: MessageContext): Promise<void> => {
     const stream = renderTarget(config.stream, message.queue);
-    const fields = ["id", message.id, "queue", message.queue];
-    if (message.key !== null) fields.push("key", message.key);
-    fields.push(
-      "headers",
-      JSON.stringify(message.headers),
-      "payload",
-      // The stored JSON text, byte for byte: a re-serialised payload would round numbers beyond 2^53.
-      message.rawPayload,
-      "createdAt",
-      message.createdAt.toISOString(),
-    );
+    const fields = redisEventFields(message, naming);
     const what = `redis ${url} XADD ${stream}`;
     try {
       await withDeadline(client.xadd(stream, "MAXLEN", "~", config.maxLen, "*", ...fields), {
@@ -125,6 +130,20 @@ export async function createRedisRelay(
     return health.snapshot();
   };
   return { kind: "redis", handler, health: relayHealth, close };
+}
+
+/** The stream entry's fields, as [name, value, name, value, ...] for XADD. */
+export function redisEventFields(message: MessageContext, naming: CloudEventNaming): string[] {
+  const attributes = cloudEventAttributes(message, naming);
+  const fields = ["id", attributes.id, "type", attributes.type];
+  if (attributes.subject !== undefined) fields.push("subject", attributes.subject);
+  const others = Object.entries(message.headers).filter(
+    ([name]) => name !== "traceparent" && name !== "tracestate" && !isExtensionName(name),
+  );
+  if (others.length > 0) fields.push("headers", JSON.stringify(Object.fromEntries(others)));
+  // The stored JSON text, byte for byte: a re-serialised payload would round numbers beyond 2^53.
+  fields.push("event", structuredEvent(attributes, message.rawPayload));
+  return fields;
 }
 
 function isReplyError(error: unknown): boolean {
