@@ -80,7 +80,8 @@ describe.skipIf(redisDown !== undefined)("the redis relay keeps per-key order", 
       const entries = rows.map(([, fields]) => {
         const f = new Map<string, string>();
         for (let i = 0; i + 1 < fields.length; i += 2) f.set(String(fields[i]), String(fields[i + 1]));
-        return { id: f.get("id") ?? "", key: f.get("key") ?? "" };
+        // The key is the event's subject, copied into its own field for routing without parsing.
+        return { id: f.get("id") ?? "", key: f.get("subject") ?? "" };
       });
       expect(groupByKey(entries)).toEqual(published);
     } finally {
@@ -120,7 +121,7 @@ describe.skipIf(rabbitDown !== undefined)("the rabbitmq relay keeps per-key orde
         if (m === false) break;
         entries.push({
           id: String(m.properties.messageId),
-          key: String(m.properties.headers?.["x-outbox-key"]),
+          key: String(m.properties.headers?.["ce-subject"]),
         });
       }
       expect(groupByKey(entries)).toEqual(published);

@@ -1,6 +1,6 @@
 import amqp from "amqplib";
 import { Redis } from "ioredis";
-import { type JetStreamManager, type NatsConnection, connect as natsConnect } from "nats";
+import { type JetStreamManager, type MsgHdrs, type NatsConnection, connect as natsConnect } from "nats";
 import pino from "pino";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { OutboxConfigError } from "../src/contract/errors.js";
@@ -9,6 +9,15 @@ import { classifyError, type ErrorClass } from "../src/contract/handler-errors.j
 import { createRelay } from "../src/relay/create-relay.js";
 import type { Relay } from "../src/relay/relay.js";
 import { HOST, NATS_PORT, probeBrokers, RABBIT_URL, REDIS_PORT } from "./helpers/brokers.js";
+import {
+  AWKWARD_KEY,
+  attributeMessage,
+  binaryToEvent,
+  expectedAttributes,
+  percentDecode,
+  rawDataOf,
+  structuredToEvent,
+} from "./helpers/cloudevents.js";
 import { startTcpProxy, type TcpProxy } from "./helpers/tcp-proxy.js";
 
 const BURST = 50;
@@ -260,7 +269,7 @@ describe.skipIf(redisDown !== undefined)("redis relay", () => {
     });
   }
 
-  it("XADDs a burst of 50 with every field; a second call for an id adds a duplicate", async () => {
+  it("XADDs a burst of 50 as CloudEvents; a second call for an id adds a duplicate", async () => {
     const stream = streamName("burst");
     const template = stream.replace(/burst$/, "{queue}");
     const relayed = await relay({ type: "redis", url: `redis://${HOST}:${REDIS_PORT}`, stream: template });
@@ -279,20 +288,95 @@ describe.skipIf(redisDown !== undefined)("redis relay", () => {
     );
     for (const id of twice) expect(rows.filter((r) => r.id === id)).toHaveLength(2);
     const first = rows.find((r) => r.id === ids[10]);
-    expect(first).toMatchObject({
-      queue: "burst",
-      key: `k-${ids[10]}`,
-      headers: JSON.stringify({ traceparent: `00-${ids[10]}`, "x-tenant": "acme" }),
-      payload: JSON.stringify(payloadOf(ids[10] ?? "")),
+    expect(first).toEqual({
+      id: ids[10],
+      type: "burst",
+      subject: `k-${ids[10]}`,
+      headers: JSON.stringify({ "x-tenant": "acme" }),
+      event: expect.any(String),
     });
-    expect(new Date(first?.createdAt ?? "").getTime()).toBeGreaterThan(0);
+    expect(JSON.parse(first?.event ?? "")).toEqual({
+      specversion: "1.0",
+      id: ids[10],
+      source: "/outbox",
+      type: "burst",
+      subject: `k-${ids[10]}`,
+      time: expect.stringMatching(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/),
+      datacontenttype: "application/json",
+      traceparent: `00-${ids[10]}`,
+      data: payloadOf(ids[10] ?? ""),
+    });
 
     const [keyless = ""] = newIds(1);
     // The relay sends the stored JSON text, whatever the (unparsed) payload argument holds.
-    await relayed.handler("null", { ...context(keyless, "burst", null), rawPayload: "null" });
+    await relayed.handler("null", {
+      ...context(keyless, "burst", null),
+      headers: {},
+      rawPayload: "null",
+    });
     const last = (await entries(stream)).at(-1);
-    expect(last).toMatchObject({ id: keyless, payload: "null" });
-    expect(last).not.toHaveProperty("key");
+    expect(last).toEqual({ id: keyless, type: "burst", event: expect.any(String) });
+    expect(rawDataOf(last?.event ?? "")).toBe("null");
+    expect(JSON.parse(last?.event ?? "")).not.toHaveProperty("subject");
+  });
+
+  it("XADDs a structured CloudEvent: every attribute, the data byte for byte, other headers in `headers`", async () => {
+    const stream = streamName("ce");
+    const relayed = await relay({
+      type: "redis",
+      url: `redis://${HOST}:${REDIS_PORT}`,
+      stream,
+      eventSource: "/outbox/test/ce",
+      eventType: "com.example.{queue}",
+    });
+    const [keyed = "", keyless = ""] = newIds(2);
+    const keyedMessage = attributeMessage(keyed, "orders.placed", AWKWARD_KEY);
+    await relayed.handler(null, keyedMessage);
+    await relayed.handler(null, attributeMessage(keyless, "orders.placed", null));
+
+    const rows = await redis.xrange(stream, "-", "+");
+    expect(rows).toHaveLength(2);
+    const [[, fields = []] = ["", []], [, keylessFields = []] = ["", []]] = rows;
+    // The field order is part of the format: id first, the event last.
+    expect(fields.slice(0, -1)).toEqual([
+      "id",
+      keyed,
+      "type",
+      "com.example.orders.placed",
+      "subject",
+      AWKWARD_KEY,
+      "headers",
+      JSON.stringify({ "x-tenant": "acme" }),
+      "event",
+    ]);
+    const event = fields.at(-1) ?? "";
+    const expected = {
+      ...expectedAttributes(keyed, "/outbox/test/ce", "com.example.orders.placed"),
+      datacontenttype: "application/json",
+      subject: AWKWARD_KEY,
+    };
+    const { data: _, ...attributes } = JSON.parse(event) as Record<string, unknown>;
+    expect(attributes).toEqual(expected);
+    expect(rawDataOf(event)).toBe(keyedMessage.rawPayload);
+    const parsed = structuredToEvent(event);
+    expect(parsed).toMatchObject(expected);
+    expect(parsed.tenant).toBe("acme corp");
+
+    expect(keylessFields.filter((_, i) => i % 2 === 0)).toEqual(["id", "type", "headers", "event"]);
+    expect(JSON.parse(keylessFields.at(-1) ?? "")).not.toHaveProperty("subject");
+  });
+
+  it("names the source after the service when the config names none", async () => {
+    const stream = streamName("source");
+    const relayed = await createRelay(
+      { type: "redis", url: `redis://${HOST}:${REDIS_PORT}`, stream },
+      { logger, source: "/outbox/shop/public" },
+    );
+    relays.push(relayed);
+    const [id = ""] = newIds(1);
+    await relayed.handler(null, context(id, "orders"));
+    const [row] = await entries(stream);
+    expect(JSON.parse(row?.event ?? "")).toMatchObject({ source: "/outbox/shop/public", type: "orders" });
   });
 
   it("loses nothing when the connection is cut mid-burst", async () => {
@@ -351,6 +435,22 @@ describe.skipIf(redisDown !== undefined)("redis relay", () => {
   });
 });
 
+/** Every NATS header of a message, by name as sent. */
+function headerMap(headers: MsgHdrs | undefined): Record<string, string> {
+  const map: Record<string, string> = {};
+  for (const name of headers?.keys() ?? []) map[name] = headers?.get(name) ?? "";
+  return map;
+}
+
+/** The CloudEvents attributes in NATS headers, decoded by the binding's rules. */
+function ceAttributes(headers: MsgHdrs | undefined): Record<string, string> {
+  const attributes: Record<string, string> = {};
+  for (const [name, value] of Object.entries(headerMap(headers))) {
+    if (/^ce-/i.test(name)) attributes[name.slice(3).toLowerCase()] = percentDecode(value);
+  }
+  return attributes;
+}
+
 describe.skipIf(natsDown !== undefined)("nats relay", () => {
   let nc: NatsConnection;
   let jsm: JetStreamManager;
@@ -397,11 +497,65 @@ describe.skipIf(natsDown !== undefined)("nats relay", () => {
     const message = messages[0];
     const id = message?.header.get("Nats-Msg-Id") ?? "";
     expect(message?.subject).toBe(`outbox-relay-test.${RUN}.burst.orders.placed`);
-    expect(message?.json()).toEqual(payloadOf(id));
-    expect(message?.header.get("Outbox-Queue")).toBe("orders.placed");
-    expect(message?.header.get("Outbox-Key")).toBe(`k-${id}`);
-    expect(message?.header.get("traceparent")).toBe(`00-${id}`);
-    expect(message?.header.get("x-tenant")).toBe("acme");
+    expect(message?.string()).toBe(JSON.stringify(payloadOf(id)));
+    expect(headerMap(message?.header)).toEqual({
+      "Nats-Msg-Id": id,
+      "ce-specversion": "1.0",
+      "ce-id": id,
+      "ce-source": "/outbox",
+      "ce-type": "orders.placed",
+      "ce-subject": `k-${id}`,
+      "ce-time": expect.stringMatching(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/),
+      "ce-datacontenttype": "application/json",
+      "ce-traceparent": `00-${id}`,
+      "x-tenant": "acme",
+    });
+  });
+
+  it("sends a CloudEvent in the NATS binding's binary mode: every attribute a ce- header, percent-encoded", async () => {
+    const { stream, subject } = target("ce");
+    const relayed = await relay({
+      type: "nats",
+      servers: `nats://${HOST}:${NATS_PORT}`,
+      subject,
+      stream,
+      eventSource: "/outbox/test/ce",
+      eventType: "com.example.{queue}",
+    });
+    const [keyed = "", keyless = ""] = newIds(2);
+    const keyedMessage = attributeMessage(keyed, "orders.placed", AWKWARD_KEY);
+    await relayed.handler(null, keyedMessage);
+    await relayed.handler(null, attributeMessage(keyless, "orders.placed", null));
+
+    const [first, second] = await stored(stream);
+    const type = "com.example.orders.placed";
+    // On the wire, as the binding spells it (§3.1.3.2): space, quote, percent and non-ASCII as %XX.
+    expect(headerMap(first?.header)).toEqual({
+      "Nats-Msg-Id": keyed,
+      "ce-specversion": "1.0",
+      "ce-id": keyed,
+      "ce-source": "/outbox/test/ce",
+      "ce-type": type,
+      "ce-subject": "k%20%C3%BC%E2%82%AC%20%2520%20%22q%22%20%F0%9F%98%80",
+      "ce-time": "2026-01-02T03:04:05.678Z",
+      "ce-datacontenttype": "application/json",
+      "ce-traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+      "ce-tracestate": "vendor=a%20b",
+      "ce-tenant": "acme%20corp",
+      "x-tenant": "acme",
+    });
+    // Decoded by the binding's rules, then validated by the SDK.
+    const attributes = ceAttributes(first?.header);
+    const expected = { ...expectedAttributes(keyed, "/outbox/test/ce", type), subject: AWKWARD_KEY };
+    expect(attributes).toEqual({ ...expected, datacontenttype: "application/json" });
+    const body = Buffer.from(first?.data ?? []).toString("utf8");
+    expect(body).toBe(keyedMessage.rawPayload);
+    const event = binaryToEvent(attributes, body);
+    expect(event).toMatchObject({ ...expected, datacontenttype: "application/json" });
+    expect(event.tenant).toBe("acme corp");
+
+    expect(ceAttributes(second?.header)).not.toHaveProperty("subject");
+    expect(ceAttributes(second?.header).id).toBe(keyless);
   });
 
   it("loses nothing and duplicates nothing when the connection is cut mid-burst", async () => {
@@ -526,14 +680,65 @@ describe.skipIf(rabbitDown !== undefined)("rabbitmq relay", () => {
     expect(message?.properties).toMatchObject({
       contentType: "application/json",
       deliveryMode: 2,
-      headers: {
-        traceparent: `00-${ids[7]}`,
-        "x-tenant": "acme",
-        "x-outbox-queue": queue,
-        "x-outbox-key": `k-${ids[7]}`,
-      },
+      type: queue,
     });
-    expect(JSON.parse(message?.content.toString("utf8") ?? "")).toEqual(payloadOf(ids[7] ?? ""));
+    expect(message?.properties.headers).toEqual({
+      "ce-specversion": "1.0",
+      "ce-id": ids[7],
+      "ce-source": "/outbox",
+      "ce-type": queue,
+      "ce-subject": `k-${ids[7]}`,
+      "ce-time": expect.stringMatching(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/),
+      "ce-traceparent": `00-${ids[7]}`,
+      "x-tenant": "acme",
+    });
+    expect(message?.content.toString("utf8")).toBe(JSON.stringify(payloadOf(ids[7] ?? "")));
+  });
+
+  it("sends a CloudEvent in binary mode: ce- headers as they are, datacontenttype as contentType", async () => {
+    const queue = queueName("ce");
+    const relayed = await relay({
+      type: "rabbitmq",
+      url: RABBIT_URL,
+      routingKey: queue,
+      declareQueue: queue,
+      eventSource: "/outbox/test/ce",
+      eventType: "com.example.{queue}",
+    });
+    const [keyed = "", keyless = ""] = newIds(2);
+    const keyedMessage = attributeMessage(keyed, "orders.placed", AWKWARD_KEY);
+    await relayed.handler(null, keyedMessage);
+    await relayed.handler(null, attributeMessage(keyless, "orders.placed", null));
+
+    const [first, second] = await drain(queue);
+    const type = "com.example.orders.placed";
+    if (first === undefined) throw new Error("no message in the queue");
+    const { headers, ...properties } = first.properties;
+    expect(properties).toMatchObject({
+      messageId: keyed,
+      contentType: "application/json",
+      type,
+      timestamp: Math.floor(keyedMessage.createdAt.getTime() / 1000),
+      deliveryMode: 2,
+    });
+    const expected = { ...expectedAttributes(keyed, "/outbox/test/ce", type), subject: AWKWARD_KEY };
+    expect(headers).toEqual({
+      ...Object.fromEntries(Object.entries(expected).map(([name, value]) => [`ce-${name}`, value])),
+      "x-tenant": "acme",
+    });
+    const body = first.content.toString("utf8");
+    expect(body).toBe(keyedMessage.rawPayload);
+    const attributes: Record<string, string> = { datacontenttype: String(properties.contentType) };
+    for (const [name, value] of Object.entries(headers ?? {})) {
+      if (name.startsWith("ce-")) attributes[name.slice(3)] = String(value);
+    }
+    const event = binaryToEvent(attributes, body);
+    expect(event).toMatchObject({ ...expected, datacontenttype: "application/json" });
+    expect(event.tenant).toBe("acme corp");
+
+    expect(second?.properties.messageId).toBe(keyless);
+    expect(second?.properties.headers).not.toHaveProperty("ce-subject");
+    expect(second?.properties.headers?.["ce-id"]).toBe(keyless);
   });
 
   it("loses nothing when the connection is cut mid-burst", async () => {
