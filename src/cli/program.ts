@@ -37,6 +37,13 @@ const commands: Record<string, { load: () => Promise<Command>; summary: string }
     },
     summary: "enable/disable the wake-up trigger for plain-SQL producers",
   },
+  grant: {
+    load: async () => {
+      const m = await import("./grant-command.js");
+      return { run: m.grantCommand, usage: m.grantUsage };
+    },
+    summary: "grant least-privilege producer/worker/inspector roles (--print for SQL)",
+  },
   status: {
     load: async () => {
       const m = await import("./status-command.js");

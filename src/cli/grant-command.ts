@@ -1,0 +1,110 @@
+import { OutboxConfigError } from "../contract/errors.js";
+import { type GrantPlan, grantScript, grantStatements, validateRoleName } from "../sql/grants.js";
+import { DEFAULT_SCHEMA } from "../sql/names.js";
+import { parseCommandArgs, schemaFrom, UsageError, withDatabase } from "./args.js";
+import { type CliIo, print } from "./io.js";
+
+export const grantUsage = `Usage: outbox-worker grant [--producer ROLES] [--worker ROLES] [--inspector ROLES]
+                          [--inspector-can-repair] [--create] [--schema NAME] [--database-url URL] [--print]
+
+Give existing roles exactly the rights their side needs on the outbox schema (least privilege):
+  producer    publish: INSERT into messages (its own columns), SELECT of id, queue and key
+  worker      lease, ack, retry, dead-letter, release, renew, key-head repair, start-up checks; no DDL
+  inspector   status, peek and dead-letters list/show (read only; no payload column of messages
+              except through the unprocessed view)
+Each named role is first stripped of its rights on the schema's tables, functions and sequences, then
+granted its side's; EXECUTE on the schema's functions is revoked from PUBLIC. Run it as the schema's
+owner, again after every migrate. ROLES: one role name or several, comma-separated.
+
+Options:
+  --producer ROLES         roles that publish
+  --worker ROLES           roles that run the worker or relays
+  --inspector ROLES        roles that inspect (status, peek, dead-letters list/show)
+  --inspector-can-repair   inspectors may also replay and purge dead letters
+  --create                 create missing roles as NOLOGIN (no password: add LOGIN and a password yourself)
+  --schema NAME            outbox schema (default: ${DEFAULT_SCHEMA}, or OUTBOX_SCHEMA)
+  --database-url URL       Postgres connection string (default: DATABASE_URL)
+  --print                  print the SQL instead of running it
+  -h, --help               show this help`;
+
+function roles(value: string | boolean | undefined, side: string): string[] {
+  if (value === undefined) return [];
+  const list = String(value)
+    .split(",")
+    .map((r) => r.trim());
+  // Checked before anything connects or prints: a name is only ever spliced into SQL quoted and valid.
+  return list.map((r) => validateRoleName(r, side));
+}
+
+export async function grantCommand(argv: string[], io: CliIo): Promise<number> {
+  const { values, positionals } = parseCommandArgs(argv, {
+    producer: { type: "string" },
+    worker: { type: "string" },
+    inspector: { type: "string" },
+    "inspector-can-repair": { type: "boolean" },
+    create: { type: "boolean" },
+    schema: { type: "string" },
+    "database-url": { type: "string" },
+    print: { type: "boolean" },
+  });
+  if (values.help) {
+    print(io, grantUsage);
+    return 0;
+  }
+  if (positionals.length > 0) throw new UsageError(`unexpected argument ${JSON.stringify(positionals[0])}`);
+  let plan: GrantPlan;
+  try {
+    plan = {
+      schema: schemaFrom(values, io.env),
+      producer: roles(values.producer, "producer"),
+      worker: roles(values.worker, "worker"),
+      inspector: roles(values.inspector, "inspector"),
+      create: values.create === true,
+      inspectorCanRepair: values["inspector-can-repair"] === true,
+    };
+  } catch (error) {
+    if (error instanceof OutboxConfigError) throw new UsageError(error.message);
+    throw error;
+  }
+  const named = [...(plan.producer ?? []), ...(plan.worker ?? []), ...(plan.inspector ?? [])];
+  if (named.length === 0) throw new UsageError("name at least one role: --producer, --worker or --inspector");
+  if (plan.inspectorCanRepair && (plan.inspector ?? []).length === 0) {
+    throw new UsageError("--inspector-can-repair needs --inspector");
+  }
+  if (values.print) {
+    io.stdout(grantScript(plan));
+    return 0;
+  }
+  return withDatabase(values, io.env, "outbox-grant", async (client, schema) => {
+    if (!plan.create) {
+      const { rows } = await client.query<{ missing: string[] }>(
+        "SELECT COALESCE(array_agg(r ORDER BY r), '{}') AS missing FROM unnest($1::text[]) AS r WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = r)",
+        [named],
+      );
+      const missing = rows[0]?.missing ?? [];
+      if (missing.length > 0) {
+        throw new UsageError(`no such role: ${missing.join(", ")} (create it, or pass --create)`);
+      }
+    }
+    // All or nothing: a role is never left stripped of its rights and not granted the new ones.
+    await client.query("BEGIN");
+    try {
+      for (const statement of grantStatements(plan)) await client.query(statement);
+      await client.query("COMMIT");
+    } catch (error) {
+      await client.query("ROLLBACK").catch(() => {});
+      throw error;
+    }
+    for (const [side, list] of [
+      ["producer", plan.producer],
+      ["worker", plan.worker],
+      ["inspector", plan.inspector],
+    ] as const) {
+      for (const role of list ?? []) {
+        const extra = side === "inspector" && plan.inspectorCanRepair ? " (with repair)" : "";
+        print(io, `granted ${side} rights on schema "${schema}" to ${role}${extra}`);
+      }
+    }
+    return 0;
+  });
+}

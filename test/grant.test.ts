@@ -1,0 +1,547 @@
+import { randomBytes, randomUUID } from "node:crypto";
+import pg from "pg";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { PermanentError, TransientError } from "../src/contract/handler-errors.js";
+import { tableHealth } from "../src/inspect/table-health.js";
+import { constant } from "../src/retry/strategies.js";
+import { checkSchema, warnIfNotVacuumed } from "../src/service/startup.js";
+import { completeStatements } from "../src/sql/complete.js";
+import { runQuery } from "../src/sql/executor.js";
+import { fetchStatement } from "../src/sql/fetch.js";
+import {
+  INSPECTOR_SELECT_COLUMNS,
+  PRODUCER_INSERT_COLUMNS,
+  PRODUCER_SELECT_COLUMNS,
+  REPAIR_INSERT_COLUMNS,
+} from "../src/sql/grants.js";
+import { repairKeyHeadsStatement } from "../src/sql/key-heads.js";
+import { runCli } from "./helpers/cli-in-process.js";
+import { testDatabase } from "./helpers/database.js";
+import { publisherFor, until, workerFactory } from "./helpers/worker.js";
+
+/**
+ * Each side's rights, on a real server: what every role can do as the CLI and the worker do it, what it is
+ * refused, and (by taking one right away at a time) that each right it has is needed.
+ */
+
+const db = testDatabase("grt");
+const { names, schema } = db;
+const outbox = publisherFor(schema);
+const tag = randomBytes(4).toString("hex");
+const role = {
+  producer: `grt_producer_${tag}`,
+  worker: `grt_worker_${tag}`,
+  inspector: `grt_inspector_${tag}`,
+  repairer: `grt_repairer_${tag}`,
+};
+const ROLES = Object.values(role);
+
+function urlAs(name: string): string {
+  const url = new URL(db.url);
+  url.username = name;
+  url.password = "";
+  return url.toString();
+}
+
+const pools: pg.Pool[] = [];
+function poolAs(name: string): pg.Pool {
+  const pool = new pg.Pool({ connectionString: urlAs(name), max: 4 });
+  pools.push(pool);
+  return pool;
+}
+
+const cli = (name: string, args: string[]) =>
+  runCli([...args, "--schema", schema], { PATH: process.env.PATH, DATABASE_URL: urlAs(name) });
+
+/** Runs `op` and returns the error's message, failing the test when it does not fail. */
+async function refused(op: () => Promise<unknown>): Promise<string> {
+  try {
+    await op();
+  } catch (error) {
+    return String((error as Error).message);
+  }
+  throw new Error("expected a refusal, and it ran");
+}
+
+/** A CLI call as an operation: throws with its stderr when it fails. */
+async function cliOk(name: string, args: string[]): Promise<string> {
+  const result = await cli(name, args);
+  if (result.code !== 0) throw new Error(result.stderr);
+  return result.stdout;
+}
+
+let producer: pg.Pool;
+let worker: pg.Pool;
+let inspector: pg.Pool;
+let repairer: pg.Pool;
+
+beforeAll(async () => {
+  await db.migrate();
+  for (const name of ROLES) await db.pool.query(`CREATE ROLE "${name}" LOGIN`);
+  const owner = { PATH: process.env.PATH, DATABASE_URL: db.url };
+  const first = await runCli(
+    [
+      "grant",
+      "--schema",
+      schema,
+      "--producer",
+      role.producer,
+      "--worker",
+      role.worker,
+      "--inspector",
+      role.inspector,
+    ],
+    owner,
+  );
+  expect(first, first.stderr).toMatchObject({ code: 0 });
+  const second = await runCli(
+    ["grant", "--schema", schema, "--inspector", role.repairer, "--inspector-can-repair"],
+    owner,
+  );
+  expect(second, second.stderr).toMatchObject({ code: 0 });
+  producer = poolAs(role.producer);
+  worker = poolAs(role.worker);
+  inspector = poolAs(role.inspector);
+  repairer = poolAs(role.repairer);
+});
+
+afterAll(async () => {
+  await Promise.all(pools.map((p) => p.end()));
+  // Roles are cluster-wide: leave none behind (DROP OWNED also takes their grants away).
+  for (const name of ROLES) {
+    await db.pool.query(`DROP OWNED BY "${name}"`).catch(() => {});
+    await db.pool.query(`DROP ROLE IF EXISTS "${name}"`);
+  }
+});
+
+/** Every privilege a role holds on the schema and its objects, as "object: PRIV" lines. */
+async function privilegesOf(name: string): Promise<string[]> {
+  const { rows } = await db.pool.query<{ p: string }>(
+    `WITH rels AS (
+  SELECT c.oid, c.relname, c.relkind FROM pg_class AS c WHERE c.relnamespace = $2::regnamespace AND c.relkind IN ('r', 'v', 'S')
+)
+SELECT 'schema: ' || p AS p FROM unnest(ARRAY['USAGE', 'CREATE']) AS p WHERE has_schema_privilege($1, $2, p)
+UNION ALL
+SELECT r.relname || ': ' || p FROM rels AS r, unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'REFERENCES', 'TRIGGER']) AS p
+WHERE r.relkind <> 'S' AND has_table_privilege($1, r.oid, p)
+UNION ALL
+SELECT r.relname || ': ' || p FROM rels AS r, unnest(ARRAY['USAGE', 'SELECT', 'UPDATE']) AS p
+WHERE r.relkind = 'S' AND has_sequence_privilege($1, r.oid, p)
+UNION ALL
+SELECT r.relname || '.' || a.attname || ': ' || p FROM rels AS r
+JOIN pg_attribute AS a ON a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped,
+unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'REFERENCES']) AS p
+WHERE r.relkind <> 'S' AND has_column_privilege($1, r.oid, a.attnum, p) AND NOT has_table_privilege($1, r.oid, p)
+UNION ALL
+SELECT f.proname || ': EXECUTE' FROM pg_proc AS f
+WHERE f.pronamespace = $2::regnamespace AND has_function_privilege($1, f.oid, 'EXECUTE')
+ORDER BY 1`,
+    [name, schema],
+  );
+  return rows.map((r) => r.p);
+}
+
+const columns = (table: string, list: readonly string[], priv: string) =>
+  list.map((c) => `${table}.${c}: ${priv}`);
+
+describe("outbox-worker grant: what each role holds", () => {
+  it("gives each role exactly its side's rights and nothing else on the schema", async () => {
+    expect(await privilegesOf(role.producer)).toEqual(
+      [
+        "schema: USAGE",
+        ...columns("messages", PRODUCER_INSERT_COLUMNS, "INSERT"),
+        ...columns("messages", PRODUCER_SELECT_COLUMNS, "SELECT"),
+      ].sort(),
+    );
+    expect(await privilegesOf(role.worker)).toEqual(
+      [
+        "schema: USAGE",
+        "messages: SELECT",
+        "messages: UPDATE",
+        "messages: DELETE",
+        "dead_letters: SELECT",
+        "dead_letters: INSERT",
+        "dead_letters: UPDATE",
+        "schema_migrations: SELECT",
+        "ack_keyed: EXECUTE",
+        "promote_heads: EXECUTE",
+      ].sort(),
+    );
+    const inspectorRights = [
+      "schema: USAGE",
+      "unprocessed: SELECT",
+      "dead_letters: SELECT",
+      ...columns("messages", INSPECTOR_SELECT_COLUMNS, "SELECT"),
+    ];
+    expect(await privilegesOf(role.inspector)).toEqual([...inspectorRights].sort());
+    expect(await privilegesOf(role.repairer)).toEqual(
+      [
+        ...inspectorRights,
+        "messages.key: SELECT",
+        ...columns("messages", REPAIR_INSERT_COLUMNS, "INSERT"),
+        "dead_letters: DELETE",
+        "dead_letters.error: UPDATE",
+      ].sort(),
+    );
+  });
+
+  it("takes EXECUTE on the schema's functions from PUBLIC", async () => {
+    const { rows } = await db.pool.query<{ proname: string }>(
+      `SELECT proname FROM pg_proc, aclexplode(COALESCE(proacl, acldefault('f', proowner))) AS a
+       WHERE pronamespace = $1::regnamespace AND a.grantee = 0 ORDER BY 1`,
+      [schema],
+    );
+    expect(rows).toEqual([]);
+  });
+});
+
+describe("producer", () => {
+  it("publishes, keyed and not, and reads back only the ids, queues and keys", async () => {
+    const client = await producer.connect();
+    try {
+      await client.query("BEGIN");
+      const id = await outbox.publish(client, "p.plain", { n: 1 });
+      const keyed = await outbox.publish(client, "p.keyed", { n: 2 }, { key: "k" });
+      const second = await outbox.publish(client, "p.keyed", { n: 3 }, { key: "k" });
+      const many = await outbox.publishMany(client, "p.many", [
+        { payload: { n: 4 }, key: "a" },
+        { payload: { n: 5 }, delayMs: 60_000 },
+      ]);
+      await client.query("COMMIT");
+      expect([id, keyed, second, ...many].every((x) => /^\d+$/.test(x))).toBe(true);
+    } finally {
+      client.release();
+    }
+    const { rows } = await db.pool.query(
+      `SELECT key, head FROM ${names.messages} WHERE queue = 'p.keyed' ORDER BY id`,
+    );
+    // The key-head trigger ran as the producer: the second row waits behind the first.
+    expect(rows).toEqual([
+      { key: "k", head: true },
+      { key: "k", head: false },
+    ]);
+    await db.pool.query(`DELETE FROM ${names.messages} WHERE queue LIKE 'p.%'`);
+  });
+
+  it("is refused payloads, updates, deletes, lease columns, dead letters, functions and DDL", async () => {
+    const m = names.messages;
+    const attempts = [
+      `SELECT payload FROM ${m}`,
+      `SELECT * FROM ${m}`,
+      `SELECT * FROM ${names.unprocessed}`,
+      `SELECT * FROM ${names.deadLetters}`,
+      `SELECT * FROM ${names.migrationsTable}`,
+      `UPDATE ${m} SET available_at = now()`,
+      `DELETE FROM ${m}`,
+      `TRUNCATE ${m}`,
+      `INSERT INTO ${m} (queue, payload, acquired_token, acquired_at, lease_expires_at) VALUES ('q', '1', gen_random_uuid(), now(), now())`,
+      `INSERT INTO ${m} (queue, payload, head) VALUES ('q', '1', true)`,
+      `SELECT * FROM ${names.quotedSchema}.ack_keyed('{}', '{}', 0, gen_random_uuid(), 1, 'w', true)`,
+      `CREATE TABLE ${names.quotedSchema}.mine (x int)`,
+    ];
+    for (const sql of attempts) {
+      expect(await refused(() => producer.query(sql)), sql).toMatch(/permission denied/);
+    }
+  });
+});
+
+describe("worker", () => {
+  const workers = workerFactory({ url: urlAs(role.worker), schema });
+
+  it("passes the service's start-up checks", async () => {
+    await checkSchema({ pool: worker, schema });
+    // The vacuum check reads the table's statistics: it must see them (whether it warns is the server's).
+    expect(await tableHealth(worker, schema)).toMatchObject({ total_bytes: expect.any(Number) });
+    await warnIfNotVacuumed(worker, schema, { warn: () => {} } as never);
+  });
+
+  it("drains plain and keyed messages, retries, dead-letters, and repairs key heads", async () => {
+    const client = await db.pool.connect();
+    try {
+      await client.query("BEGIN");
+      for (let i = 0; i < 5; i++) await outbox.publish(client, "w.plain", { i });
+      for (let i = 0; i < 6; i++) await outbox.publish(client, "w.keyed", { i }, { key: `k${i % 2}` });
+      await outbox.publish(client, "w.retry", { i: 0 });
+      await outbox.publish(client, "w.dead", { i: 0 }, { key: "d" });
+      await outbox.publish(client, "w.dead", { i: 1 }, { key: "d" });
+      await client.query("COMMIT");
+    } finally {
+      client.release();
+    }
+    const seen: string[] = [];
+    let failedOnce = false;
+    await workers.start({
+      queues: {
+        "w.plain": () => {
+          seen.push("plain");
+        },
+        "w.keyed": () => {
+          seen.push("keyed");
+        },
+        "w.retry": {
+          handler: () => {
+            if (!failedOnce) {
+              failedOnce = true;
+              throw new TransientError("once");
+            }
+            seen.push("retried");
+          },
+          retry: constant(10),
+        },
+        "w.dead": (payload) => {
+          if ((payload as { i: number }).i === 0) throw new PermanentError("no");
+          seen.push("after-dead");
+        },
+      },
+    });
+    await until(async () => {
+      const { rows } = await db.pool.query(`SELECT count(*)::int AS n FROM ${names.messages}`);
+      return rows[0].n === 0;
+    }, "every message handled");
+    expect(seen.filter((s) => s === "keyed")).toHaveLength(6);
+    expect(seen).toEqual(expect.arrayContaining(["plain", "retried", "after-dead"]));
+    const dead = await db.pool.query(`SELECT queue, reason FROM ${names.deadLetters}`);
+    expect(dead.rows).toEqual([{ queue: "w.dead", reason: "rejected" }]);
+    const repaired = await runQuery(worker, repairKeyHeadsStatement(names), { queues: ["w.keyed"] });
+    expect(repaired).toEqual([]);
+  });
+
+  it("is refused inserts, dead-letter deletes, migrations writes and every DDL", async () => {
+    const m = names.messages;
+    const attempts = [
+      `INSERT INTO ${m} (queue, payload) VALUES ('q', '1')`,
+      `DELETE FROM ${names.deadLetters}`,
+      `INSERT INTO ${names.migrationsTable} (version, name, checksum) VALUES (99, 'x', 'x')`,
+      `TRUNCATE ${m}`,
+      `TRUNCATE ${names.deadLetters}`,
+      `CREATE TABLE ${names.quotedSchema}.mine (x int)`,
+      `ALTER TABLE ${m} ADD COLUMN x int`,
+      `DROP TABLE ${names.deadLetters}`,
+      `CREATE INDEX ON ${m} (queue)`,
+      `ALTER TABLE ${m} DISABLE TRIGGER messages_key_head`,
+    ];
+    for (const sql of attempts) {
+      expect(await refused(() => worker.query(sql)), sql).toMatch(/permission denied|must be owner/);
+    }
+  });
+});
+
+describe("inspector", () => {
+  beforeAll(async () => {
+    await db.pool.query(`DELETE FROM ${names.deadLetters}`);
+    const client = await db.pool.connect();
+    try {
+      await outbox.publish(client, "i.q", { secret: 1 }, { key: "k" });
+      await client.query(
+        `INSERT INTO ${names.deadLetters} (id, queue, payload, headers, created_at, available_at, deliveries_count, attempts_count, dead_at, reason)
+         VALUES (900001, 'i.q', '{}', '{}', now(), now(), 1, 1, now() - interval '2 days', 'rejected'),
+                (900002, 'i.q', '{}', '{}', now(), now(), 1, 1, now() - interval '2 days', 'rejected')`,
+      );
+    } finally {
+      client.release();
+    }
+  });
+
+  it("reads status, peek and dead letters through the CLI", async () => {
+    expect(await cliOk(role.inspector, ["status"])).toContain("i.q");
+    expect(await cliOk(role.inspector, ["peek", "--json"])).toContain("secret");
+    expect(await cliOk(role.inspector, ["dead-letters", "list"])).toContain("900001");
+    expect(await cliOk(role.inspector, ["dead-letters", "show", "900001"])).toContain("rejected");
+    expect(await cliOk(role.inspector, ["dead-letters", "replay", "--all", "--dry-run"])).toContain("i.q");
+  });
+
+  it("without repair, is refused replay, purge, payloads of messages and every write", async () => {
+    for (const args of [
+      ["dead-letters", "replay", "--id", "900001"],
+      ["dead-letters", "purge", "--older-than", "1d"],
+    ]) {
+      const result = await cli(role.inspector, args);
+      expect(result.code, args.join(" ")).toBe(1);
+      expect(result.stderr).toMatch(/permission denied/);
+    }
+    for (const sql of [
+      `SELECT payload FROM ${names.messages}`,
+      `UPDATE ${names.messages} SET available_at = now()`,
+      `DELETE FROM ${names.messages}`,
+      `INSERT INTO ${names.messages} (queue, payload) VALUES ('q', '1')`,
+      `UPDATE ${names.deadLetters} SET error = 'x'`,
+      `SELECT * FROM ${names.migrationsTable}`,
+    ]) {
+      expect(await refused(() => inspector.query(sql)), sql).toMatch(/permission denied/);
+    }
+    const left = await db.pool.query(`SELECT count(*)::int AS n FROM ${names.deadLetters}`);
+    expect(left.rows[0].n).toBe(2);
+  });
+
+  it("with --inspector-can-repair, replays and purges dead letters", async () => {
+    expect(await cliOk(role.repairer, ["dead-letters", "replay", "--id", "900001"])).toMatch(/1/);
+    const back = await db.pool.query(`SELECT queue FROM ${names.messages} WHERE id = 900001`);
+    expect(back.rows).toEqual([{ queue: "i.q" }]);
+    expect(await cliOk(role.repairer, ["dead-letters", "purge", "--older-than", "1d"])).toMatch(/1/);
+    const left = await db.pool.query(`SELECT count(*)::int AS n FROM ${names.deadLetters}`);
+    expect(left.rows[0].n).toBe(0);
+    // Repair moves dead letters back; it still writes nothing else.
+    for (const sql of [
+      `SELECT payload FROM ${names.messages}`,
+      `UPDATE ${names.messages} SET available_at = now()`,
+      `DELETE FROM ${names.messages}`,
+    ]) {
+      expect(await refused(() => repairer.query(sql)), sql).toMatch(/permission denied/);
+    }
+  });
+});
+
+/**
+ * Each right, taken away alone, breaks an operation of its side: none is there for nothing. The operations
+ * run with empty inputs where they can (privileges are checked before any row is read).
+ */
+describe("every right is needed", () => {
+  const settings = { synchronousCommit: true };
+  const complete = completeStatements(names, settings);
+  const none = { ids: [], tokens: [] };
+  const token = randomUUID();
+  const publishKeyed = async () => {
+    const client = await producer.connect();
+    try {
+      await client.query("BEGIN");
+      await outbox.publish(client, "n.q", { n: 1 }, { key: "k" });
+    } finally {
+      await client.query("ROLLBACK");
+      client.release();
+    }
+  };
+  const dead = () =>
+    runQuery(worker, complete.dead, {
+      ...none,
+      reasons: [],
+      errors: [],
+      attempted: [],
+      failed: [],
+      maxErrorLength: 100,
+    });
+  const ackKeyed = () =>
+    runQuery(worker, complete.ackKeyed, { ...none, limit: 0, token, leaseTtlMs: 1000, workerId: "w" });
+  const inspectorReads = async () => {
+    await cliOk(role.inspector, ["status"]);
+    await cliOk(role.inspector, ["dead-letters", "replay", "--all", "--dry-run"]);
+  };
+  const repairerReplay = async () => {
+    await db.pool.query(
+      `INSERT INTO ${names.deadLetters} (id, queue, payload, headers, key, created_at, available_at, deliveries_count, attempts_count, dead_at, reason)
+       VALUES (900003, 'n.q', '{}', '{}', 'k', now(), now(), 1, 1, now(), 'rejected')`,
+    );
+    try {
+      await cliOk(role.repairer, ["dead-letters", "replay", "--id", "900003"]);
+    } finally {
+      await db.pool.query(`DELETE FROM ${names.deadLetters} WHERE id = 900003`);
+      await db.pool.query(`DELETE FROM ${names.messages} WHERE id = 900003`);
+    }
+  };
+  const m = names.messages;
+  const dl = names.deadLetters;
+  const fn = (sig: string) => `FUNCTION ${names.quotedSchema}.${sig}`;
+  const cases: { right: string; of: string; op: () => Promise<unknown> }[] = [
+    { right: `USAGE ON SCHEMA ${names.quotedSchema}`, of: role.producer, op: publishKeyed },
+    ...PRODUCER_INSERT_COLUMNS.map((c) => ({
+      right: `INSERT (${c}) ON ${m}`,
+      of: role.producer,
+      op: publishKeyed,
+    })),
+    ...PRODUCER_SELECT_COLUMNS.map((c) => ({
+      right: `SELECT (${c}) ON ${m}`,
+      of: role.producer,
+      op: publishKeyed,
+    })),
+    {
+      right: `USAGE ON SCHEMA ${names.quotedSchema}`,
+      of: role.worker,
+      op: () => checkSchema({ pool: worker, schema }),
+    },
+    {
+      right: `SELECT ON ${m}`,
+      of: role.worker,
+      op: () =>
+        runQuery(worker, fetchStatement(names, settings), {
+          queues: ["n.q"],
+          limit: 1,
+          token,
+          leaseTtlMs: 1000,
+          workerId: "w",
+        }),
+    },
+    {
+      right: `UPDATE ON ${m}`,
+      of: role.worker,
+      op: () => runQuery(worker, complete.renew, { ...none, leaseTtlMs: 1 }),
+    },
+    { right: `DELETE ON ${m}`, of: role.worker, op: () => runQuery(worker, complete.ack, none) },
+    { right: `SELECT ON ${dl}`, of: role.worker, op: () => runQuery(worker, complete.whereabouts, none) },
+    { right: `INSERT ON ${dl}`, of: role.worker, op: dead },
+    { right: `UPDATE ON ${dl}`, of: role.worker, op: dead },
+    {
+      right: `SELECT ON ${names.migrationsTable}`,
+      of: role.worker,
+      op: () => checkSchema({ pool: worker, schema }),
+    },
+    {
+      right: `EXECUTE ON ${fn("ack_keyed(bigint[], uuid[], integer, uuid, double precision, text, boolean)")}`,
+      of: role.worker,
+      op: ackKeyed,
+    },
+    {
+      right: `EXECUTE ON ${fn("promote_heads(text[], text[], integer, uuid, double precision, text)")}`,
+      of: role.worker,
+      op: () =>
+        runQuery(worker, complete.promote, {
+          queues: [],
+          keys: [],
+          limit: 0,
+          token,
+          leaseTtlMs: 1000,
+          workerId: "w",
+        }),
+    },
+    {
+      right: `SELECT ON ${names.unprocessed}`,
+      of: role.inspector,
+      op: () => cliOk(role.inspector, ["peek"]),
+    },
+    {
+      right: `SELECT ON ${dl}`,
+      of: role.inspector,
+      op: () => cliOk(role.inspector, ["dead-letters", "list"]),
+    },
+    ...INSPECTOR_SELECT_COLUMNS.map((c) => ({
+      right: `SELECT (${c}) ON ${m}`,
+      of: role.inspector,
+      op: inspectorReads,
+    })),
+    ...REPAIR_INSERT_COLUMNS.map((c) => ({
+      right: `INSERT (${c}) ON ${m}`,
+      of: role.repairer,
+      op: repairerReplay,
+    })),
+    { right: `SELECT (key) ON ${m}`, of: role.repairer, op: repairerReplay },
+    { right: `DELETE ON ${dl}`, of: role.repairer, op: repairerReplay },
+    { right: `UPDATE (error) ON ${dl}`, of: role.repairer, op: repairerReplay },
+    {
+      right: `DELETE ON ${dl}`,
+      of: role.repairer,
+      op: () => cliOk(role.repairer, ["dead-letters", "purge", "--older-than", "1d"]),
+    },
+  ];
+
+  it.each(cases.map((c) => [`${c.of.replace(`_${tag}`, "")}: ${c.right}`, c] as const))(
+    "%s",
+    async (_, c) => {
+      await c.op();
+      await db.pool.query(`REVOKE ${c.right} FROM "${c.of}"`);
+      try {
+        expect(await refused(c.op)).toMatch(/permission denied/);
+      } finally {
+        await db.pool.query(`GRANT ${c.right} TO "${c.of}"`);
+      }
+      await c.op();
+    },
+  );
+});
