@@ -1,14 +1,22 @@
-import { createHmac, timingSafeEqual } from "node:crypto";
+import { randomBytes } from "node:crypto";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
+import { type CloudEventV1, HTTP } from "cloudevents";
 import pino from "pino";
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { Webhook } from "standardwebhooks";
+import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
+import { OutboxConfigError } from "../src/contract/errors.js";
 import type { MessageContext } from "../src/contract/handler.js";
 import { classifyError, type ErrorClass } from "../src/contract/handler-errors.js";
 import { createRelay } from "../src/relay/create-relay.js";
+import { createHttpRelay, encodeHeaderValue } from "../src/relay/http.js";
 import type { Relay } from "../src/relay/relay.js";
 import { HOST } from "./helpers/brokers.js";
 import { startTcpProxy, type TcpProxy } from "./helpers/tcp-proxy.js";
+
+const TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+/** A Standard Webhooks secret: whsec_ and 32 random bytes in base64. */
+const newSecret = () => `whsec_${randomBytes(32).toString("base64")}`;
 
 const BURST = 50;
 const logger = pino({ level: process.env.RELAY_TEST_LOG ?? "silent" });
@@ -23,7 +31,7 @@ function context(id: string, queue: string, key: string | null = `k-${id}`): Mes
     id,
     queue,
     key,
-    headers: { traceparent: `00-${id}`, "x-tenant": "acme" },
+    headers: { traceparent: TRACEPARENT, "x-tenant": "acme" },
     deliveries: 1,
     attempts: 0,
     createdAt: new Date(),
@@ -139,11 +147,33 @@ interface Received {
   method: string;
   url: string;
   headers: http.IncomingHttpHeaders;
+  /** The body's bytes as they arrived. */
+  raw: Buffer;
   body: string;
 }
 
+/** The headers as a receiver library takes them: one string each. */
+function flatHeaders(headers: http.IncomingHttpHeaders): Record<string, string> {
+  const flat: Record<string, string> = {};
+  for (const [name, value] of Object.entries(headers)) {
+    if (value !== undefined) flat[name] = Array.isArray(value) ? value.join(", ") : value;
+  }
+  return flat;
+}
+
+/** What the cloudevents SDK makes of a request, as a receiver would parse it. */
+function toEvent(request: Received): CloudEventV1<unknown> {
+  const event = HTTP.toEvent({ headers: flatHeaders(request.headers), body: request.body });
+  if (Array.isArray(event)) throw new Error("a batch, expected one event");
+  return event;
+}
+
+/** A standardwebhooks verification as a receiver does it: the raw body and the headers as received. */
+function verify(secret: string, request: Received): unknown {
+  return new Webhook(secret).verify(request.body, flatHeaders(request.headers));
+}
+
 describe("http relay", () => {
-  const SECRET = "a-shared-secret-of-32-characters";
   const received: Received[] = [];
   let respond: (req: Received, res: http.ServerResponse) => void = (_req, res) => res.writeHead(204).end();
   let server: http.Server;
@@ -154,11 +184,13 @@ describe("http relay", () => {
       const chunks: Buffer[] = [];
       req.on("data", (chunk: Buffer) => chunks.push(chunk));
       req.on("end", () => {
+        const raw = Buffer.concat(chunks);
         const entry = {
           method: req.method ?? "",
           url: req.url ?? "",
           headers: req.headers,
-          body: Buffer.concat(chunks).toString("utf8"),
+          raw,
+          body: raw.toString("utf8"),
         };
         received.push(entry);
         respond(entry, res);
@@ -168,6 +200,7 @@ describe("http relay", () => {
     port = (server.address() as AddressInfo).port;
   });
   afterEach(() => {
+    vi.useRealTimers();
     received.length = 0;
     respond = (_req, res) => res.writeHead(204).end();
   });
@@ -176,40 +209,232 @@ describe("http relay", () => {
     await new Promise((resolve) => server.close(resolve));
   });
 
-  const bodyIds = (entries: Received[]) => entries.map((r) => (JSON.parse(r.body) as { id: string }).id);
+  const ceIds = (entries: Received[]) => entries.map((r) => String(r.headers["ce-id"]));
 
-  it("delivers a burst of 50, each once, signed and with the id headers", async () => {
-    const http = await relay({
+  it("delivers a burst of 50, each once, as CloudEvents signed per Standard Webhooks", async () => {
+    const secret = newSecret();
+    const sender = await relay({
       type: "http",
       url: `http://${HOST}:${port}/hook`,
-      hmacSecret: SECRET,
-      headers: { authorization: "Bearer t0ken", "x-outbox-id": "cannot override" },
+      signingSecret: secret,
+      headers: {
+        authorization: "Bearer t0ken",
+        "idempotency-key": "cannot override",
+        "webhook-id": "cannot override",
+        "ce-id": "cannot override",
+        "content-type": "text/plain",
+      },
     });
     const ids = newIds(BURST);
-    const results = await outcomes(http, ids, "orders.placed");
+    const results = await outcomes(sender, ids, "orders.placed");
     expect([...results.values()].every((r) => r === "ok")).toBe(true);
 
-    expectDelivered(bodyIds(received), ids);
+    expectDelivered(ceIds(received), ids);
     for (const request of received) {
-      const body = JSON.parse(request.body) as Record<string, unknown>;
+      const id = String(request.headers["ce-id"]);
       expect(request.method).toBe("POST");
       expect(request.url).toBe("/hook");
       expect(request.headers["content-type"]).toBe("application/json");
-      expect(request.headers["x-outbox-id"]).toBe(body.id);
-      expect(request.headers["idempotency-key"]).toBe(body.id);
+      expect(request.headers["idempotency-key"]).toBe(id);
+      expect(request.headers["webhook-id"]).toBe(id);
+      expect(request.headers["x-outbox-id"]).toBeUndefined();
       expect(request.headers.authorization).toBe("Bearer t0ken");
-      expect(body).toMatchObject({
-        queue: "orders.placed",
-        key: `k-${body.id}`,
-        headers: { traceparent: `00-${body.id}`, "x-tenant": "acme" },
-        payload: payloadOf(String(body.id)),
-      });
-      expect(new Date(String(body.createdAt)).toISOString()).toBe(body.createdAt);
+      expect(request.body).toBe(JSON.stringify(payloadOf(id)));
+      expect(verify(secret, request)).toEqual(payloadOf(id));
+      expect(toEvent(request)).toMatchObject({ id, type: "orders.placed", subject: `k-${id}` });
+    }
+  });
 
-      const signature = String(request.headers["x-outbox-signature"]);
-      expect(signature).toMatch(/^sha256=[0-9a-f]{64}$/);
-      const expected = createHmac("sha256", SECRET).update(request.body).digest();
-      expect(timingSafeEqual(Buffer.from(signature.slice("sha256=".length), "hex"), expected)).toBe(true);
+  it("sends every attribute the way the HTTP binding says, and the payload byte for byte", async () => {
+    const awkwardKey = 'k ü€ %20 "q" 😀';
+    const rawPayload = '{"n":12345678901234567890,"s":"ü","a":[1, 2]}';
+    const headers = {
+      traceparent: TRACEPARENT,
+      tracestate: "vendor=a b",
+      tenant: "acme corp",
+      "x-tenant": "acme ü",
+      "X-Request-Id": "r-1",
+    };
+    const createdAt = new Date("2026-01-02T03:04:05.678Z");
+    const message = (id: string, key: string | null): MessageContext => ({
+      ...context(id, "orders.placed", key),
+      headers,
+      createdAt,
+      rawPayload,
+    });
+    const named = await createHttpRelay(
+      { type: "http", url: `http://${HOST}:${port}/hook`, eventType: "com.example.{queue}.v1" },
+      { logger, source: "/outbox/shop/public" },
+    );
+    relays.push(named);
+    const [keyed = "", keyless = ""] = newIds(2);
+    await named.handler(JSON.parse(rawPayload), message(keyed, awkwardKey));
+    await named.handler(JSON.parse(rawPayload), message(keyless, null));
+    expect(received).toHaveLength(2);
+    const [first, second] = received as [Received, Received];
+
+    // The body is the stored JSON text itself: the 20-digit number is intact, nothing re-serialised.
+    for (const request of received) expect(request.raw.equals(Buffer.from(rawPayload, "utf8"))).toBe(true);
+
+    const event = toEvent(first);
+    expect(event.specversion).toBe("1.0");
+    expect(event.id).toBe(keyed);
+    expect(event.source).toBe("/outbox/shop/public");
+    expect(event.type).toBe("com.example.orders.placed.v1");
+    expect(event.time).toBe("2026-01-02T03:04:05.678Z");
+    expect(event.datacontenttype).toBe("application/json");
+    // The SDK (v10) does not undo the binding's percent-encoding: a receiver decodes the values itself.
+    expect(first.headers["ce-subject"]).toBe("k%20%C3%BC%E2%82%AC%20%2520%20%22q%22%20%F0%9F%98%80");
+    expect(decodeURIComponent(String(event.subject))).toBe(awkwardKey);
+    expect(event.traceparent).toBe(TRACEPARENT);
+    expect(decodeURIComponent(String(event.tracestate))).toBe("vendor=a b");
+    expect(decodeURIComponent(String(event.tenant))).toBe("acme corp");
+    // Trace context also as the W3C headers, for HTTP tracing middleware.
+    expect(first.headers.traceparent).toBe(TRACEPARENT);
+    expect(decodeURIComponent(String(first.headers.tracestate))).toBe("vendor=a b");
+    // Headers that cannot be extension attributes arrive as plain headers, encoded the same way.
+    expect(first.headers["x-tenant"]).toBe("acme%20%C3%BC");
+    expect(decodeURIComponent(String(first.headers["x-tenant"]))).toBe("acme ü");
+    expect(first.headers["x-request-id"]).toBe("r-1");
+    expect(event["x-tenant"]).toBeUndefined();
+    // No attribute is left out, and none invented.
+    const ceHeaders = Object.keys(first.headers)
+      .filter((name) => name.startsWith("ce-"))
+      .sort();
+    expect(ceHeaders).toEqual(
+      ["id", "source", "specversion", "subject", "tenant", "time", "traceparent", "tracestate", "type"]
+        .map((name) => `ce-${name}`)
+        .sort(),
+    );
+
+    const keylessEvent = toEvent(second);
+    expect(keylessEvent.id).toBe(keyless);
+    expect(keylessEvent.subject).toBeUndefined();
+    expect(second.headers["ce-subject"]).toBeUndefined();
+    // Unsigned without signingSecret.
+    expect(second.headers["webhook-signature"]).toBeUndefined();
+  });
+
+  it("names the source from the config, else the caller, else /outbox", async () => {
+    const url = `http://${HOST}:${port}/hook`;
+    const bySource = async (config: { eventSource?: string }, source: string | undefined) => {
+      const created = await createHttpRelay({ type: "http", url, ...config }, { logger, source });
+      relays.push(created);
+      const [id = ""] = newIds(1);
+      await created.handler({}, context(id, "q"));
+      return received.find((r) => r.headers["ce-id"] === id)?.headers["ce-source"];
+    };
+    expect(await bySource({ eventSource: "urn:shop" }, "/outbox/db/s")).toBe("urn:shop");
+    expect(await bySource({}, "/outbox/db/s")).toBe("/outbox/db/s");
+    expect(await bySource({}, undefined)).toBe("/outbox");
+  });
+
+  it("encodes header values per the binding: printable ASCII stays, the rest is UTF-8 percent-encoded", () => {
+    expect(encodeHeaderValue("Euro € 😀")).toBe("Euro%20%E2%82%AC%20%F0%9F%98%80");
+    expect(encodeHeaderValue('a"b%c d')).toBe("a%22b%25c%20d");
+    expect(encodeHeaderValue("tab\there\r\n\u0000\u007f")).toBe("tab%09here%0D%0A%00%7F");
+    expect(encodeHeaderValue("!#$&'()*+,-./09:;<=>?@AZ[\\]^_`az{|}~")).toBe(
+      "!#$&'()*+,-./09:;<=>?@AZ[\\]^_`az{|}~",
+    );
+  });
+
+  it("signs with every secret while one is rotated: each verifies alone, a stranger's does not", async () => {
+    const [oldSecret, newSecret_, stranger] = [newSecret(), newSecret(), newSecret()];
+    const rotating = await relay({
+      type: "http",
+      url: `http://${HOST}:${port}/hook`,
+      signingSecret: [oldSecret, newSecret_],
+    });
+    const [id = ""] = newIds(1);
+    expect(await outcome(rotating, id, "q")).toBe("ok");
+    const [request] = received as [Received];
+    const signatures = String(request.headers["webhook-signature"]).split(" ");
+    expect(signatures).toHaveLength(2);
+    for (const signature of signatures) expect(signature).toMatch(/^v1,[A-Za-z0-9+/]{43}=$/);
+    expect(verify(oldSecret, request)).toEqual(payloadOf(id));
+    expect(verify(newSecret_, request)).toEqual(payloadOf(id));
+    expect(() => verify(stranger, request)).toThrow(/No matching signature/);
+    // Bound to the id and the body: neither can be swapped under the same signature.
+    const tampered = { ...request, body: request.body.replace("12.5", "99.5") };
+    expect(() => verify(oldSecret, tampered)).toThrow(/No matching signature/);
+    const otherId = { ...request, headers: { ...request.headers, "webhook-id": "1" } };
+    expect(() => verify(oldSecret, otherId)).toThrow(/No matching signature/);
+  });
+
+  it("a request replayed outside the receiver's tolerance (5 minutes) is refused; a retry is signed anew", async () => {
+    const secret = newSecret();
+    const signed = await relay({ type: "http", url: `http://${HOST}:${port}/hook`, signingSecret: secret });
+    const [id = ""] = newIds(1);
+    expect(await outcome(signed, id, "q")).toBe("ok");
+    const [request] = received as [Received];
+    const sentAt = Number(request.headers["webhook-timestamp"]);
+    expect(Math.abs(sentAt - Date.now() / 1000)).toBeLessThan(5);
+
+    // Only Date is faked: sockets and timers keep running.
+    vi.useFakeTimers({ toFake: ["Date"] });
+    vi.setSystemTime((sentAt + 4 * 60) * 1000);
+    expect(verify(secret, request)).toEqual(payloadOf(id));
+    vi.setSystemTime((sentAt + 6 * 60) * 1000);
+    expect(() => verify(secret, request)).toThrow(/too old/);
+
+    // The same message sent again now carries the new time and verifies.
+    expect(await outcome(signed, id, "q")).toBe("ok");
+    const retry = received[1] as Received;
+    expect(Number(retry.headers["webhook-timestamp"])).toBe(sentAt + 6 * 60);
+    expect(verify(secret, retry)).toEqual(payloadOf(id));
+  });
+
+  it("refuses a message header it cannot send as it is, naming it, and sends nothing", async () => {
+    const plain = await relay({
+      type: "http",
+      url: `http://${HOST}:${port}/hook`,
+      headers: { "x-api-key": "k" },
+    });
+    const cases: Array<[string, RegExp]> = [
+      ["content-type", /"content-type" \(it would change how the request is read\)/],
+      ["ce-id", /"ce-id" \(a receiver would read it as a CloudEvents attribute\)/],
+      ["webhook-id", /"webhook-id" \(Standard Webhooks reserves/],
+      ["idempotency-key", /"idempotency-key" \(the relay sets that header itself\)/],
+      ["x-api-key", /"x-api-key" \(the relay config sets that header\)/],
+      ["bad name", /"bad name" \(not a valid HTTP header name\)/],
+    ];
+    for (const [name, reason] of cases) {
+      const [id = ""] = newIds(1);
+      const message = { ...context(id, "q"), headers: { [name]: "v", "x-fine": "ok" } };
+      const error = await Promise.resolve(plain.handler({}, message)).then(
+        () => undefined,
+        (e: unknown) => e as Error,
+      );
+      expect(classifyError(error), name).toBe("permanent");
+      expect(error?.message, name).toMatch(reason);
+    }
+    expect(received).toEqual([]);
+  });
+
+  it("refuses an old config with hmacSecret at start, naming signingSecret, and bad secrets without echoing them", async () => {
+    const old = createRelay(
+      { type: "http", url: `http://${HOST}:${port}/hook`, hmacSecret: "an-old-shared-secret-0123" },
+      { logger },
+    );
+    await expect(old).rejects.toBeInstanceOf(OutboxConfigError);
+    const message = await old.catch((error: Error) => error.message);
+    expect(message).toMatch(/relay\.hmacSecret: was replaced by signingSecret \(Standard Webhooks/);
+    expect(message).not.toContain("an-old-shared-secret-0123");
+
+    const short = `whsec_${randomBytes(16).toString("base64")}`;
+    for (const signingSecret of [
+      "plain-text-secret-of-some-length",
+      short,
+      [newSecret(), "whsec_not base64!!"],
+    ]) {
+      const bad = await createRelay(
+        { type: "http", url: `http://${HOST}:${port}/h`, signingSecret },
+        { logger },
+      ).catch((error: Error) => error);
+      expect(bad).toBeInstanceOf(OutboxConfigError);
+      const text = (bad as Error).message;
+      expect(text).toMatch(/relay\.signingSecret(\.1)?: must be a Standard Webhooks secret/);
+      for (const secret of [signingSecret].flat()) expect(text).not.toContain(secret.slice(6, 20));
     }
   });
 
@@ -221,7 +446,7 @@ describe("http relay", () => {
     });
     const statusFor = new Map<string, number>();
     respond = (req, res) => {
-      const status = statusFor.get(String(req.headers["x-outbox-id"])) ?? 500;
+      const status = statusFor.get(String(req.headers["ce-id"])) ?? 500;
       res.writeHead(status, { "content-type": "text/plain" }).end(`refused:\n${"x".repeat(1000)}`);
     };
     const cases: Array<[number, ErrorClass]> = [
@@ -271,6 +496,6 @@ describe("http relay", () => {
     const http = await relay({ type: "http", url: `http://${HOST}:${proxy.port}/hook`, timeoutMs: 2000 });
     const ids = newIds(BURST);
     const lostAcks = await burstThroughOutage(http, proxy, ids, "q", async () => received.length);
-    expectDelivered(bodyIds(received), ids, lostAcks);
+    expectDelivered(ceIds(received), ids, lostAcks);
   });
 });

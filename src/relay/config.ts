@@ -30,6 +30,36 @@ const eventType = z
 const headerName = z.string().regex(/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/, "must be a valid HTTP header name");
 const headerValue = z.string().regex(/^[\t\x20-\x7e\x80-\xff]*$/, "must not hold control characters");
 
+const WHSEC_PREFIX = "whsec_";
+
+/** The key bytes of a Standard Webhooks secret `whsec_<base64>`, or null when it is not one (24 to 64 bytes). */
+export function signingKey(secret: string): Buffer | null {
+  if (!secret.startsWith(WHSEC_PREFIX)) return null;
+  const encoded = secret.slice(WHSEC_PREFIX.length);
+  // Buffer.from(…, "base64") skips what is not base64: check the text first, so a typo cannot shorten the key.
+  if (!/^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/.test(encoded)) return null;
+  const key = Buffer.from(encoded, "base64");
+  return key.length >= 24 && key.length <= 64 ? key : null;
+}
+
+// The message never quotes the value: it is a secret.
+const signingSecret = z
+  .string()
+  .refine(
+    (s) => signingKey(s) !== null,
+    "must be a Standard Webhooks secret: whsec_ followed by the base64 of a 24 to 64-byte random key",
+  );
+
+// Any value fails (unknown, so an old config still type-checks and stops at start with this message).
+const replacedBySigningSecret = z
+  .unknown()
+  .refine((value) => value === undefined, {
+    error:
+      "was replaced by signingSecret (Standard Webhooks: webhook-id, webhook-timestamp, webhook-signature headers); set signingSecret to a whsec_<base64> secret",
+  })
+  .optional()
+  .describe("removed: replaced by `signingSecret` (Standard Webhooks); setting it fails at start");
+
 export const httpRelayConfigSchema = z.strictObject({
   type: z.literal("http"),
   url: z
@@ -50,12 +80,18 @@ export const httpRelayConfigSchema = z.strictObject({
     .record(headerName, headerValue)
     .optional()
     .describe("static headers for every request, e.g. authorization (masked in logs)"),
-  hmacSecret: z
-    .string()
-    .min(16, "must be at least 16 characters")
+  signingSecret: z
+    .union([signingSecret, z.array(signingSecret).min(1).max(10)], {
+      error: "must be a whsec_<base64> secret, or a list of 1 to 10 of them",
+    })
     .optional()
-    .describe("signs each body with HMAC-SHA256 into hmacHeader (16 characters or more)"),
-  hmacHeader: headerName.default("x-outbox-signature").describe("header carrying `sha256=<hex>`"),
+    .describe(
+      "Standard Webhooks signing secret `whsec_<base64>` (a 24 to 64-byte key), or a list of them while rotating: each signs (`webhook-signature`)",
+    ),
+  // Removed (the old `x-outbox-signature` scheme): kept as fields that always fail, so an old config stops at
+  // start saying what replaced them instead of "unrecognized key".
+  hmacSecret: replacedBySigningSecret,
+  hmacHeader: replacedBySigningSecret,
 });
 
 export const redisRelayConfigSchema = z.strictObject({

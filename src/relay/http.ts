@@ -3,7 +3,14 @@ import type { z } from "zod";
 import type { MessageContext } from "../contract/handler.js";
 import { PermanentError, TransientError } from "../contract/handler-errors.js";
 import { redactConnectionString } from "../util/redact.js";
-import { httpRelayConfigSchema, parseRelayConfig } from "./config.js";
+import {
+  binaryAttributes,
+  type CloudEventNaming,
+  cloudEventAttributes,
+  DEFAULT_SOURCE,
+  isExtensionName,
+} from "./cloudevents.js";
+import { httpRelayConfigSchema, parseRelayConfig, signingKey } from "./config.js";
 import { RelayHealthTracker } from "./health.js";
 import type { Relay, RelayDeps } from "./relay.js";
 
@@ -11,26 +18,127 @@ const SNIPPET_CHARS = 200;
 const SNIPPET_BYTES = 2048;
 
 /**
- * The JSON body of every request; `createdAt` is ISO 8601. The payload is spliced in as its stored JSON
- * text, byte for byte: parsing and re-serialising it would round numbers beyond 2^53.
+ * CloudEvents HTTP binding 1.0.2 §3.1.3.2: a header value keeps printable ASCII except space, `"` and `%`;
+ * every other character goes as its UTF-8 bytes, `%XY` each. Controls are encoded too, as the binding
+ * recommends, so no value can break the header. A receiver undoes it with `decodeURIComponent`.
  */
-export function httpRelayBody(message: MessageContext): string {
-  const { id, queue, key, headers, createdAt } = message;
-  const head = JSON.stringify({ id, queue, key, headers });
-  return `${head.slice(0, -1)},"payload":${message.rawPayload},"createdAt":${JSON.stringify(createdAt.toISOString())}}`;
+export function encodeHeaderValue(value: string): string {
+  // The u flag walks code points: a surrogate pair is one character, encoded as its four UTF-8 bytes.
+  return value.replace(/[^\x21\x23\x24\x26-\x7e]/gu, (char) => {
+    let encoded = "";
+    for (const byte of Buffer.from(char, "utf8"))
+      encoded += `%${byte.toString(16).toUpperCase().padStart(2, "0")}`;
+    return encoded;
+  });
 }
 
-/** `sha256=<hex>` of the exact body bytes: what a receiver recomputes with the shared secret. */
-export function httpRelaySignature(secret: string, body: string): string {
-  return `sha256=${createHmac("sha256", secret).update(body).digest("hex")}`;
+/** An RFC 9110 token: what may be sent as a header name. */
+const HTTP_TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
+
+/**
+ * Why a message header that is not a CloudEvents extension cannot go as a plain HTTP header of that name,
+ * or null when it can. Such names would change how the request is framed or read: the body's own
+ * description, hop-by-hop fields, and the prefixes a receiver reads as event attributes or signatures.
+ */
+function plainHeaderProblem(name: string): string | null {
+  if (!HTTP_TOKEN.test(name)) return "not a valid HTTP header name";
+  const lower = name.toLowerCase();
+  if (lower.startsWith("ce-")) return "a receiver would read it as a CloudEvents attribute";
+  if (lower.startsWith("webhook-")) return "Standard Webhooks reserves the webhook- prefix";
+  if (lower.startsWith("content-") || FRAMING.has(lower)) return "it would change how the request is read";
+  return null;
+}
+
+const FRAMING = new Set([
+  "host",
+  "connection",
+  "keep-alive",
+  "transfer-encoding",
+  "te",
+  "trailer",
+  "upgrade",
+  "expect",
+  "proxy-connection",
+]);
+
+/**
+ * The request headers for one message, relay's own last so nothing overrides them: the CloudEvents
+ * binary-mode attributes (`ce-*`, percent-encoded), trace context, the message headers that are not
+ * extensions as plain headers, `idempotency-key` = outbox id. Throws a PermanentError naming each message
+ * header that cannot be sent as it is, so it dead-letters, whole, rather than reach the receiver without it.
+ */
+export function httpRelayHeaders(
+  message: MessageContext,
+  naming: CloudEventNaming,
+  staticHeaders: Record<string, string> | undefined,
+): Headers {
+  const attributes = cloudEventAttributes(message, naming);
+  const own = new Headers();
+  own.set("content-type", attributes.datacontenttype);
+  own.set("idempotency-key", message.id);
+  for (const [name, value] of binaryAttributes(attributes)) own.set(`ce-${name}`, encodeHeaderValue(value));
+  // Both: the W3C headers continue the trace in HTTP middleware (OpenTelemetry's instrumentation reads only
+  // them); ce-traceparent is the distributed-tracing extension, which on a single hop must carry the same.
+  for (const name of ["traceparent", "tracestate"] as const) {
+    const value = attributes[name];
+    if (value !== undefined) own.set(name, encodeHeaderValue(value));
+  }
+
+  const headers = new Headers(staticHeaders);
+  const problems: string[] = [];
+  const seen = new Set<string>();
+  for (const [name, value] of Object.entries(message.headers)) {
+    if (name === "traceparent" || name === "tracestate" || isExtensionName(name)) continue;
+    const lower = name.toLowerCase();
+    const problem =
+      plainHeaderProblem(name) ??
+      (own.has(lower) ? "the relay sets that header itself" : null) ??
+      (seen.has(lower) ? "another message header differs from it only in case" : null) ??
+      (staticHeaders !== undefined && headers.has(lower) ? "the relay config sets that header" : null);
+    if (problem !== null) {
+      problems.push(`${JSON.stringify(name)} (${problem})`);
+      continue;
+    }
+    seen.add(lower);
+    headers.set(lower, encodeHeaderValue(value));
+  }
+  if (problems.length > 0) {
+    throw new PermanentError(`message header ${problems.join(", ")} cannot be sent as an HTTP header`);
+  }
+  for (const [name, value] of own) headers.set(name, value);
+  return headers;
+}
+
+/** A Standard Webhooks key, decoded once. */
+interface SigningKey {
+  key: Buffer;
 }
 
 /**
- * POSTs (or PUTs) each message as JSON. The outbox id goes in `x-outbox-id` and `idempotency-key`, so the
- * receiver can drop redeliveries; message headers travel in the body only, since arbitrary header values
- * need not be valid HTTP. 2xx acks; 408, 429, 5xx, 3xx (redirects are not followed: a POST turned into
- * a GET would "succeed" without delivering), timeouts and network errors retry; any other 4xx
- * dead-letters.
+ * Standard Webhooks `webhook-signature`: `v1,<base64 HMAC-SHA256 of "<id>.<timestamp>.<body>">` for each
+ * key, space-separated (several while a secret is rotated: the receiver accepts any that matches).
+ */
+export function webhookSignature(
+  keys: readonly SigningKey[],
+  id: string,
+  timestamp: number,
+  body: string,
+): string {
+  return keys
+    .map(
+      ({ key }) =>
+        `v1,${createHmac("sha256", key).update(`${id}.${timestamp}.`).update(body).digest("base64")}`,
+    )
+    .join(" ");
+}
+
+/**
+ * POSTs (or PUTs) each message as a CloudEvent in the HTTP binding's binary content mode: the body is the
+ * payload's stored JSON text byte for byte (re-serialising would round numbers beyond 2^53), the context
+ * attributes are `ce-*` headers. With `signingSecret`, Standard Webhooks headers sign it; `webhook-id`,
+ * `ce-id` and `idempotency-key` all hold the outbox id, so the receiver can drop redeliveries. 2xx acks;
+ * 408, 429, 5xx, 3xx (redirects are not followed: a POST turned into a GET would "succeed" without
+ * delivering), timeouts and network errors retry; any other 4xx dead-letters.
  */
 export async function createHttpRelay(
   input: z.input<typeof httpRelayConfigSchema>,
@@ -39,20 +147,33 @@ export async function createHttpRelay(
   const config = parseRelayConfig(httpRelayConfigSchema, input);
   const url = displayUrl(config.url);
   const target = `${config.method} ${url}`;
+  const naming = { source: config.eventSource ?? deps.source ?? DEFAULT_SOURCE, type: config.eventType };
+  const secrets =
+    config.signingSecret === undefined
+      ? []
+      : Array.isArray(config.signingSecret)
+        ? config.signingSecret
+        : [config.signingSecret];
+  // The schema has checked every secret: the key is there.
+  const keys = secrets.map((secret) => ({ key: signingKey(secret) ?? Buffer.alloc(0) }));
   const closing = new AbortController();
   // No connection to watch: the last request says whether the receiver is there.
   const health = new RelayHealthTracker(target, { initial: "ok" });
-  deps.logger.child({ relay: "http" }).info({ target }, "http relay ready");
+  deps.logger
+    .child({ relay: "http" })
+    .info({ target, source: naming.source, signingKeys: keys.length }, "http relay ready");
 
   const handler = async (_payload: unknown, message: MessageContext): Promise<void> => {
     if (closing.signal.aborted) throw new TransientError(`${target}: relay is closed`);
-    const body = httpRelayBody(message);
-    const headers = new Headers(config.headers);
-    headers.set("content-type", "application/json");
-    headers.set("x-outbox-id", message.id);
-    headers.set("idempotency-key", message.id);
-    if (config.hmacSecret !== undefined)
-      headers.set(config.hmacHeader, httpRelaySignature(config.hmacSecret, body));
+    const body = message.rawPayload;
+    const headers = httpRelayHeaders(message, naming, config.headers);
+    if (keys.length > 0) {
+      // Signed at send time, every attempt anew: the receiver refuses a timestamp older than its tolerance.
+      const timestamp = Math.floor(Date.now() / 1000);
+      headers.set("webhook-id", message.id);
+      headers.set("webhook-timestamp", String(timestamp));
+      headers.set("webhook-signature", webhookSignature(keys, message.id, timestamp, body));
+    }
     const signal = AbortSignal.any([message.signal, closing.signal, AbortSignal.timeout(config.timeoutMs)]);
 
     let response: Response;
