@@ -9,6 +9,14 @@ import { classifyError, errorMessage } from "../contract/handler-errors.js";
 import { abortHeld, type HeldRow, heldSignal, lose, startCompleting, startRunning } from "../lease/held.js";
 import type { Outcome } from "../lease/outcome.js";
 import { decide, defaultRetry, type RetryStrategy } from "../retry/strategies.js";
+import {
+  endProcessSpan,
+  loadTracing,
+  type ProcessSpan,
+  runInSpan,
+  startProcessSpan,
+  tracingLoaded,
+} from "../util/tracing.js";
 import type { LocalQueue } from "./local-queue.js";
 import { HandlerTimeoutError, isHandlerTimeout } from "./timeout.js";
 
@@ -167,6 +175,8 @@ export class Dispatcher {
   }
 
   async #loop(): Promise<void> {
+    // Once per loop, not per message: after this, whether to trace is a synchronous check.
+    if (!tracingLoaded()) await loadTracing();
     for (;;) {
       const held = this.deps.queue.tryTake() ?? (await this.deps.queue.take());
       if (!held) return;
@@ -222,13 +232,21 @@ export class Dispatcher {
     this.#running.set(held, running);
     this.deps.dispatched(held);
     const context = new Context(held);
+    // Undefined unless an OpenTelemetry SDK is registered: then the handler runs as before.
+    const span = startProcessSpan(context);
     try {
-      const result = queue.handler(payload, context);
+      const result = span
+        ? runInSpan(span, () => queue.handler(payload, context))
+        : queue.handler(payload, context);
       // Only a promise can time out (a synchronous handler has already returned); no wrapper otherwise.
       if (isThenable(result)) await this.#settle(result, running);
-      return { kind: "ack", held, durationMs: performance.now() - held.startedAt };
+      const ack: Outcome = { kind: "ack", held, durationMs: performance.now() - held.startedAt };
+      if (span) endProcessSpan(span, { kind: "ack" });
+      return ack;
     } catch (error) {
-      return this.#failure(held, queue, error);
+      const failure = this.#failure(held, queue, error);
+      if (span) endSpan(span, failure, error);
+      return failure;
     } finally {
       this.#running.delete(held);
       const ms = performance.now() - held.startedAt;
@@ -270,6 +288,19 @@ export class Dispatcher {
       timedOut,
     };
   }
+}
+
+/** The span records what the dispatcher decided; the completer writes it (or finds the lease lost). */
+function endSpan(span: ProcessSpan, outcome: Outcome, error: unknown): void {
+  endProcessSpan(
+    span,
+    outcome.kind === "retry"
+      ? { kind: "retry", delayMs: outcome.delayMs }
+      : outcome.kind === "dead"
+        ? { kind: "dead", reason: outcome.reason }
+        : undefined,
+    error,
+  );
 }
 
 function isThenable(value: unknown): value is PromiseLike<unknown> {

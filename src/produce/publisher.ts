@@ -3,6 +3,7 @@ import { OutboxConfigError, OutboxPayloadError } from "../contract/errors.js";
 import { type Executor, isExecutor, run } from "../sql/executor.js";
 import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
 import { type InsertedRow, produceStatements } from "../sql/produce.js";
+import { loadTracing, tracingLoaded, withTraceContext } from "../util/tracing.js";
 import { NotifyThrottle } from "./notify-throttle.js";
 import { DEFAULT_MAX_PAYLOAD_BYTES, encodePayload } from "./payload.js";
 import { type QueueDefinition, validateQueueName } from "./queue.js";
@@ -19,7 +20,11 @@ export interface PublishOptions {
   delayMs?: number;
   /** Deliver no earlier than this time. Exclusive with `delayMs`. */
   availableAt?: Date;
-  /** String headers carried with the message, e.g. a W3C `traceparent`. */
+  /**
+   * String headers carried with the message, e.g. a W3C `traceparent`. With `@opentelemetry/api`
+   * installed and a propagator registered, the active trace context is added (`traceparent`,
+   * `tracestate`…) unless these headers already have a `traceparent`.
+   */
   headers?: Record<string, string>;
 }
 
@@ -146,10 +151,13 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
       const queue = resolveQueue(queueRef);
       const o = checkOptions(queue.name, opts);
       const json = encodePayload(queue as QueueDefinition, payload, config.maxPayloadBytes);
+      // Once per process: the optional OpenTelemetry API, imported on first use.
+      if (!tracingLoaded()) await loadTracing();
       const values: unknown[] = [
         queue.name,
         json,
-        JSON.stringify(o.headers ?? {}),
+        // After validation: the propagator only adds string headers, and a caller's traceparent wins.
+        JSON.stringify(withTraceContext(o.headers) ?? {}),
         o.key ?? null,
         o.availableAt ?? null,
         o.delayMs ?? 0,
@@ -166,11 +174,12 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
     async publishMany(trx, queueRef, items) {
       const queue = resolveQueue(queueRef);
       if (items.length === 0) return [];
+      if (!tracingLoaded()) await loadTracing();
       const encoded = items.map((item) => {
         const { payload: _payload, ...itemOptions } = item;
         const o = checkOptions(queue.name, itemOptions);
         const payloadJson = encodePayload(queue as QueueDefinition, item.payload, config.maxPayloadBytes);
-        return `{"payload":${payloadJson},"headers":${JSON.stringify(o.headers ?? {})},"key":${JSON.stringify(o.key ?? null)},"available_at":${JSON.stringify(o.availableAt?.toISOString() ?? null)},"delay_ms":${o.delayMs ?? 0}}`;
+        return `{"payload":${payloadJson},"headers":${JSON.stringify(withTraceContext(o.headers) ?? {})},"key":${JSON.stringify(o.key ?? null)},"available_at":${JSON.stringify(o.availableAt?.toISOString() ?? null)},"delay_ms":${o.delayMs ?? 0}}`;
       });
       const batch = `[${encoded.join(",")}]`;
       const wake = throttle?.claim(queue.name) ?? false;
