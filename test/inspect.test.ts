@@ -137,9 +137,9 @@ describe("outbox-worker status", () => {
     const [queues, workers] = (tables ?? "").split("\n\n");
     expect(`${queues}\n`).toBe(
       [
-        "QUEUE   READY  BLOCKED  SCHEDULED  LEASED  EXPIRED  DEAD  OLDEST READY",
-        "mail        0        0          0       1        1     2             -",
-        "orders      2        0          1       0        0     2         5 min",
+        "QUEUE   READY  BLOCKED  SCHEDULED  LEASED  EXPIRED  DEAD  OLDEST DEAD  OLDEST READY",
+        "mail        0        0          0       1        1     2          1 h             -",
+        "orders      2        0          1       0        0     2         10 d         5 min",
         "",
       ].join("\n"),
     );
@@ -165,6 +165,7 @@ describe("outbox-worker status", () => {
         leased: 1,
         expired: 1,
         dead: 2,
+        oldest_dead_age_s: expect.any(Number),
         oldest_ready_age_s: null,
       },
       {
@@ -175,9 +176,15 @@ describe("outbox-worker status", () => {
         leased: 0,
         expired: 0,
         dead: 2,
+        oldest_dead_age_s: expect.any(Number),
         oldest_ready_age_s: expect.any(Number),
       },
     ]);
+    // mail's oldest dead letter (d3) died an hour ago, orders' (d1) ten days ago.
+    expect(rows[0].oldest_dead_age_s).toBeGreaterThanOrEqual(3600);
+    expect(rows[0].oldest_dead_age_s).toBeLessThan(3660);
+    expect(rows[1].oldest_dead_age_s).toBeGreaterThanOrEqual(10 * 86_400);
+    expect(rows[1].oldest_dead_age_s).toBeLessThan(10 * 86_400 + 60);
     expect(rows[1].oldest_ready_age_s).toBeGreaterThanOrEqual(300);
     expect(rows[1].oldest_ready_age_s).toBeLessThan(360);
   });

@@ -8,8 +8,8 @@ import { type CliIo, print } from "./io.js";
 export const statusUsage = `Usage: outbox-worker status [--schema NAME] [--database-url URL] [--json]
 
 Per queue: messages ready, blocked (behind an earlier message of their key), scheduled (due later),
-leased, with an expired lease, dead letters, and the age of the oldest ready message; per worker (acquired_by) the rows it holds, expired leases and its
-oldest lease; then the messages table's dead tuples, size, last vacuum and whether
+leased, with an expired lease, dead letters, the age of the oldest ready message and of the oldest
+dead letter; per worker (acquired_by) the rows it holds, expired leases and its oldest lease; then the messages table's dead tuples, size, last vacuum and whether
 autovacuum runs for it. Reads only: no row lock, no lease, never slows or blocks a worker.
 
 Options:
@@ -53,6 +53,7 @@ export async function statusCommand(argv: string[], io: CliIo): Promise<number> 
           { header: "LEASED", align: right },
           { header: "EXPIRED", align: right },
           { header: "DEAD", align: right },
+          { header: "OLDEST DEAD", align: right },
           { header: "OLDEST READY", align: right },
         ],
         rows.map((r) => [
@@ -63,6 +64,7 @@ export async function statusCommand(argv: string[], io: CliIo): Promise<number> 
           String(r.leased),
           String(r.expired),
           String(r.dead),
+          formatAge(r.oldest_dead_age_s),
           formatAge(r.oldest_ready_age_s),
         ]),
       ),

@@ -67,6 +67,9 @@ export function connectionUrlProblem(raw: string): string | undefined {
   );
 }
 
+/** The shortest dead-letter retention the service takes: one hour, in milliseconds. */
+export const DEAD_LETTER_RETENTION_MIN_MS = 3_600_000;
+
 const connectionUrl = z
   .string()
   .min(1)
@@ -106,6 +109,15 @@ export const serviceConfigSchema = z.strictObject({
   migrate: z.boolean().default(false),
   startupWaitMs: z.number().int().min(0).max(3_600_000).default(30_000),
   dataDir: z.string().min(1).default(".outbox-data"),
+  // Milliseconds like every other duration here; the floor catches a value meant as days or hours
+  // (7 would delete every dead letter older than 7 ms), and a retention that short defeats replay anyway.
+  deadLetterRetentionMs: z
+    .number()
+    .int()
+    .min(DEAD_LETTER_RETENTION_MIN_MS, {
+      message: `must be at least ${DEAD_LETTER_RETENTION_MIN_MS} (1 hour): the value is in milliseconds, e.g. 604800000 for 7 days`,
+    })
+    .optional(),
   worker: workerSchema.default(() => workerSchema.parse({})),
   http: z
     .strictObject({
@@ -148,7 +160,8 @@ const TUNING_DESCRIPTIONS: Record<keyof typeof workerTuningShape, string> = {
   preparedStatements: "named prepared statements; false behind PgBouncer in transaction mode",
   queryTimeoutMs: "bound on each database round trip (default leaseTtlMs / 3, at most 10 s)",
   handlerTimeoutMs: "run time after which a handler is aborted and its attempt fails (timeout)",
-  poolSize: "the worker's database connections (the service adds 2; LISTEN takes 1 more)",
+  poolSize:
+    "the worker's database connections (the service adds 2, 3 with deadLetterRetentionMs; LISTEN takes 1 more)",
   maxDeliveries: "leases after which a row is dead-lettered as max_deliveries",
   maxAttempts: "failures (transient ones excluded) before retries_exhausted",
   completionBatchSize: "outcomes written per statement at most",
@@ -217,6 +230,13 @@ export const configFields: ConfigField[] = [
     env: "OUTBOX_DATA_DIR",
     type: "string",
     description: "embedded Postgres data folder (when databaseUrl is unset)",
+  },
+  {
+    path: "deadLetterRetentionMs",
+    env: "OUTBOX_DEAD_LETTER_RETENTION_MS",
+    type: "integer",
+    description:
+      "delete dead letters older than this (at least 1 hour), a few hundred rows at a time every minute; unset: kept forever",
   },
   ...Object.entries(TUNING_DESCRIPTIONS).map(([key, description]) => ({
     path: `worker.${key}`,

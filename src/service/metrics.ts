@@ -5,6 +5,7 @@ import { type QueueStatus, queueStatus } from "../inspect/status.js";
 import { tableHealth } from "../inspect/table-health.js";
 import type { ListenerState } from "../notify/notifier.js";
 import type { Worker } from "../worker/worker.js";
+import type { DeadLetterRetention } from "./dead-letter-retention.js";
 
 export interface MetricsOptions {
   pool: pg.Pool;
@@ -22,6 +23,8 @@ export interface Metrics {
   readonly registry: Registry;
   /** Count the worker's events from now on; returns the unsubscribe function. */
   observe(worker: Worker): () => void;
+  /** Count the dead letters the retention job deletes from now on; returns the unsubscribe function. */
+  observeRetention(retention: DeadLetterRetention): () => void;
   /** Refresh the queue gauges periodically. The timer does not hold the process open. */
   start(): void;
   /** Refresh the queue gauges now; waits for a refresh already running, then runs a fresh one. */
@@ -78,6 +81,11 @@ export function createMetrics(opts: MetricsOptions): Metrics {
   );
   const loopErrors = counter("outbox_loop_errors_total", "Failed database round trips per loop.", ["loop"]);
   const released = counter("outbox_released_total", "Fetched rows handed back unstarted on stop.");
+  const expiredDead = counter(
+    "outbox_dead_letters_expired_total",
+    "Dead letters deleted by the retention job (deadLetterRetentionMs).",
+    ["queue"],
+  );
   const refreshErrors = counter("outbox_gauge_refresh_errors_total", "Failed queue gauge refreshes.");
   const duration = new Histogram<"queue">({
     name: "outbox_handler_duration_seconds",
@@ -103,6 +111,11 @@ export function createMetrics(opts: MetricsOptions): Metrics {
     oldest_ready_age_s: gauge(
       "outbox_oldest_ready_age_seconds",
       "Seconds the oldest ready message has been deliverable; 0 when none is ready.",
+      ["queue"],
+    ),
+    oldest_dead_age_s: gauge(
+      "outbox_oldest_dead_letter_age_seconds",
+      "Seconds since the oldest dead letter died; 0 when there is none.",
       ["queue"],
     ),
   };
@@ -227,6 +240,7 @@ export function createMetrics(opts: MetricsOptions): Metrics {
   return {
     registry,
     observe,
+    observeRetention: (retention) => retention.onExpired((e) => expiredDead.inc({ queue: e.queue }, e.count)),
     start() {
       if (active) return;
       active = true;

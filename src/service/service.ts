@@ -9,6 +9,7 @@ import { redactConnectionString, registerUrlSecrets } from "../util/redact.js";
 import { defaultQueryTimeoutMs } from "../worker/options.js";
 import { createWorker, type StopResult, type Worker } from "../worker/worker.js";
 import { ConfigError, type ServiceConfig } from "./config.js";
+import { createDeadLetterRetention, type DeadLetterRetention } from "./dead-letter-retention.js";
 import { loadHandlersModule, type QueueHandlers } from "./handlers-module.js";
 import { startHttpServer } from "./http-server.js";
 import { createMetrics } from "./metrics.js";
@@ -67,8 +68,9 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
     const queryTimeoutMs = config.worker.queryTimeoutMs ?? defaultQueryTimeoutMs(config.worker.leaseTtlMs);
     const pool = new pg.Pool({
       connectionString: url,
-      // The worker's connections plus two for readiness and the metrics gauges.
-      max: config.worker.poolSize + 2,
+      // The worker's connections plus two for readiness and the metrics gauges, and one for the
+      // dead-letter retention when it is on, so its batches never take a connection the worker counts on.
+      max: config.worker.poolSize + 2 + (config.deadLetterRetentionMs === undefined ? 0 : 1),
       application_name: "outbox-worker",
       keepAlive: true,
       // Readiness and metrics share this pool with the worker: their round trips are bounded like the
@@ -115,6 +117,18 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
       logger: log,
     });
 
+    let retention: DeadLetterRetention | undefined;
+    if (config.deadLetterRetentionMs !== undefined) {
+      retention = createDeadLetterRetention({
+        pool,
+        schema: config.schema,
+        retentionMs: config.deadLetterRetentionMs,
+        queryTimeoutMs,
+        logger: log,
+      });
+      closers.push(() => (retention as DeadLetterRetention).stop());
+    }
+
     let httpPort: number | undefined;
     let markStopping = () => {};
     if (config.http.port !== undefined) {
@@ -131,6 +145,7 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
         relays,
       });
       metrics.observe(worker);
+      if (retention) metrics.observeRetention(retention);
       readiness.observe(worker);
       // /readyz turns 503 as soon as a stop begins, so a load balancer stops sending work here.
       markStopping = () => readiness.markStopping();
@@ -152,6 +167,7 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
     }
 
     await worker.start();
+    retention?.start();
     let stopping: Promise<StopResult> | undefined;
     return {
       worker,

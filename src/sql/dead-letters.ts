@@ -1,4 +1,4 @@
-import { defineQuery, type Query } from "./executor.js";
+import { defineQuery, type NoParams, type Query } from "./executor.js";
 import type { OutboxNames } from "./names.js";
 import type { MessageColumns } from "./rows.js";
 
@@ -171,5 +171,79 @@ export function previewPurgeStatement(names: OutboxNames): Query<PurgeParams, Pu
 WHERE ${PURGE_FILTER}
 GROUP BY queue ORDER BY queue`,
     purgeValues,
+  );
+}
+
+/** Per queue: dead letters one retention batch deleted. */
+export interface ExpireCountRow {
+  queue: string;
+  deleted: number;
+}
+
+export interface ExpireParams {
+  /** Dead letters that died more than this long ago (server clock) go. */
+  olderThanMs: number;
+  /** Most rows one statement deletes: keeps each statement, and its locks, short. */
+  limit: number;
+}
+
+/**
+ * One retention batch: at most `limit` dead letters older than `olderThanMs`, oldest first (the dead_at
+ * index gives them in order, so no scan of the whole table), deleted → ExpireCountRow per queue.
+ *
+ * SKIP LOCKED: a row a replay, a purge or another replica's batch holds is left for a later run rather
+ * than waited for, so replicas running this at once never queue behind each other or behind a person.
+ */
+export function expireDeadLettersStatement(names: OutboxNames): Query<ExpireParams, ExpireCountRow> {
+  return defineQuery(
+    "dead_expire",
+    `WITH picked AS (
+  SELECT id FROM ${names.deadLetters}
+  WHERE dead_at < now() - $1::double precision * interval '1 millisecond'
+  ORDER BY dead_at
+  LIMIT $2::int
+  FOR UPDATE SKIP LOCKED
+), gone AS (
+  DELETE FROM ${names.deadLetters} AS d USING picked AS p WHERE d.id = p.id
+  RETURNING d.queue
+)
+SELECT queue, count(*)::int AS deleted FROM gone GROUP BY queue ORDER BY queue`,
+    (p) => [p.olderThanMs, p.limit],
+  );
+}
+
+/** The oldest dead letter left, of every queue. */
+export interface OldestDeadLetterRow {
+  /** Its dead_at; null when there are no dead letters. */
+  dead_at: Date | null;
+  /** Seconds since it died; null when there are no dead letters. */
+  age_s: number | null;
+}
+
+/** The oldest dead letter's dead_at and age: one probe of the dead_at index. */
+export function oldestDeadLetterStatement(names: OutboxNames): Query<NoParams, OldestDeadLetterRow> {
+  return defineQuery(
+    "dead_oldest",
+    `SELECT min(dead_at) AS dead_at, extract(epoch FROM now() - min(dead_at))::float8 AS age_s
+FROM ${names.deadLetters}`,
+    () => [],
+  );
+}
+
+/** Per queue: seconds since its oldest dead letter died. */
+export interface DeadLetterAgeRow {
+  queue: string;
+  oldest_dead_age_s: number;
+}
+
+/** The oldest dead letter's age per queue; queues without dead letters have no row. */
+export function deadLetterAgesStatement(names: OutboxNames): Query<NoParams, DeadLetterAgeRow> {
+  return defineQuery(
+    "dead_ages",
+    `SELECT queue, extract(epoch FROM now() - min(dead_at))::float8 AS oldest_dead_age_s
+FROM ${names.deadLetters}
+GROUP BY queue
+ORDER BY queue`,
+    () => [],
   );
 }
