@@ -47,7 +47,10 @@ const CANARY = {
   amqpPassword: "canaryAmqpPw-c3d0",
   httpAuth: "canaryHttpAuth-58e6",
   httpQuery: "canaryQueryTok-6b71",
-  hmacSecret: "canaryHmacSecret-0f9a2b",
+  /** A Standard Webhooks secret: its base64 key (what the scrubbing must catch, quoted with or without whsec_). */
+  signingKey: "Y2FuYXJ5U2lnbmluZ0tleS0wZjlhMmItNDhjNy1hMQ==",
+  /** The second secret of a rotation. */
+  rotatedKey: "Y2FuYXJ5Um90YXRlZEtleS03YjFlOWQtYzIwNC1mZQ==",
   /** Never configured anywhere: only the URL pattern can hide it. */
   echoedPassword: "canaryEchoedPw-d41e",
 };
@@ -113,7 +116,7 @@ describe("a running service with credentials in every URL and relay", () => {
         type: "http",
         url: `http://127.0.0.1:${port}/hook?token=${CANARY.httpQuery}`,
         headers: { authorization: `Bearer ${CANARY.httpAuth}` },
-        hmacSecret: CANARY.hmacSecret,
+        signingSecret: [`whsec_${CANARY.signingKey}`, `whsec_${CANARY.rotatedKey}`],
         timeoutMs: 1000,
       },
     };
@@ -131,7 +134,7 @@ export default {
     throw error;
   },
   "sec.retry": () => {
-    throw new Error("401 for Bearer " + env.SECRETS_TEST_AUTH + ", signed with " + env.SECRETS_TEST_HMAC);
+    throw new Error("401 for Bearer " + env.SECRETS_TEST_AUTH + ", signed with " + env.SECRETS_TEST_SIGNING + " or " + env.SECRETS_TEST_ROTATED);
   },
 };
 `,
@@ -151,7 +154,8 @@ export default {
       SECRETS_TEST_TOKEN: CANARY.natsToken,
       SECRETS_TEST_PW: CANARY.echoedPassword,
       SECRETS_TEST_AUTH: CANARY.httpAuth,
-      SECRETS_TEST_HMAC: CANARY.hmacSecret,
+      SECRETS_TEST_SIGNING: `whsec_${CANARY.signingKey}`,
+      SECRETS_TEST_ROTATED: CANARY.rotatedKey,
     });
     const { port: httpPort } = JSON.parse(await service.waitFor("http server listening", 30_000));
     await service.waitFor("outbox-worker running");
@@ -214,7 +218,7 @@ export default {
     expect(byQueue["sec.nats"]).toContain(`nats://***@127.0.0.1:${port}`);
     expect(byQueue["sec.redis"]).toContain(`redis://***@127.0.0.1:${port}`);
     expect(byQueue["sec.amqp"]).toContain(`amqp://***@127.0.0.1:${port}`);
-    expect(byQueue["sec.retry"]).toBe("Error: 401 for ***, signed with ***");
+    expect(byQueue["sec.retry"]).toBe("Error: 401 for ***, signed with *** or ***");
     expect(deadLetters[0]?.error).toBe("Error: upstream refused token *** at amqp://***@10.0.0.1/vhost");
     expect(JSON.parse(peek.output())).toHaveLength(failing.length);
     expect(JSON.parse(listed.output())).toHaveLength(1);
@@ -330,6 +334,47 @@ describe("the choke points, in process", () => {
       expectNoCanary(pretty ? "a pretty log line" : "a JSON log line", out, [token, password]);
       if (!pretty) expect(JSON.parse(out).msg).toBe('connecting with "***"');
     }
+  });
+
+  it("a signing secret, one or a rotation list, in a log line by field or quoted in an error", () => {
+    // Registered: quoted with or without its whsec_ prefix, it is masked anywhere.
+    const key = "Y2FuYXJ5SW5Qcm9jS2V5LTNjOWUtNzFhYi00ZDJmLWE=";
+    const rotated = "Y2FuYXJ5SW5Qcm9jUm90LWU4MmQtNWYxMC05YjNhLWM=";
+    registerConfigSecrets({
+      databaseUrl: undefined,
+      relays: {
+        h: {
+          type: "http",
+          url: "http://hooks.test/h",
+          method: "POST",
+          timeoutMs: 1000,
+          ordered: true,
+          eventType: "{queue}",
+          signingSecret: [`whsec_${key}`, `whsec_${rotated}`],
+        },
+      },
+    });
+    expect(errorMessage(new Error(`bad key ${key}, then whsec_${rotated}`), 4000)).toBe(
+      "Error: bad key ***, then ***",
+    );
+    // Never registered (say, a config logged before it was parsed): the field names alone must hide it.
+    const unregistered = [
+      "whsec_Y2FuYXJ5TG9nT25seS1hYmNkLTEyMzQtNTY3OC05MGFi",
+      "whsec_Y2FuYXJ5TG9nT25seTItZWZnaC0xMjM0LTU2Nzg=",
+    ];
+    let out = "";
+    const stream = new Writable({
+      write(chunk, _encoding, done) {
+        out += chunk.toString();
+        done();
+      },
+    });
+    const log = createLogger({ level: "info", pretty: false, stream });
+    log.info({ signingSecret: unregistered[0] }, "one");
+    log.info({ relay: { signingSecret: unregistered } }, "nested list");
+    log.info({ relays: { q: { type: "http", signingSecret: unregistered } } }, "service config");
+    expect(out.split("\n").filter(Boolean)).toHaveLength(3);
+    expectNoCanary("a JSON log line", out, unregistered);
   });
 
   it("errorMessage (every last_error and dead-letter error), also down the cause chain", () => {

@@ -8,6 +8,10 @@ const REDACT = [
   "config.databaseUrl",
   "password",
   "*.password",
+  "signingSecret",
+  "*.signingSecret",
+  "relays.*.signingSecret",
+  // Replaced by signingSecret, but an old config that still holds one may be logged while it is refused.
   "hmacSecret",
   "*.hmacSecret",
   "relays.*.hmacSecret",

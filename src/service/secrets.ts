@@ -15,7 +15,12 @@ export function registerConfigSecrets(
       case "http":
         registerUrlSecrets(relay.url);
         // Static headers are there to carry credentials (authorization, api keys): every value counts.
-        registerSecrets(...Object.values(relay.headers ?? {}), relay.hmacSecret);
+        registerSecrets(...Object.values(relay.headers ?? {}));
+        // The key may be quoted without its whsec_ prefix (it is what gets base64-decoded), or URL-encoded.
+        for (const secret of [relay.signingSecret ?? []].flat()) {
+          const key = secret.slice("whsec_".length);
+          registerSecrets(secret, key, encodeURIComponent(key));
+        }
         break;
       case "nats":
         for (const server of Array.isArray(relay.servers) ? relay.servers : [relay.servers]) {
