@@ -5,7 +5,7 @@ import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
-import { context, propagation, SpanKind, SpanStatusCode, trace } from "@opentelemetry/api";
+import { context, createTraceState, propagation, SpanKind, SpanStatusCode, trace } from "@opentelemetry/api";
 import { AsyncHooksContextManager } from "@opentelemetry/context-async-hooks";
 import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import {
@@ -157,27 +157,41 @@ describe("OpenTelemetry with an SDK registered", () => {
 
   it("keeps a traceparent the caller set, and injects into the other messages of a batch", async () => {
     const explicit = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
-    const { id } = await publishTraced(
-      "otel.explicit",
-      { n: 3 },
-      { headers: { traceparent: explicit, a: "1" } },
+    // A producer span whose trace has a tracestate: the propagator injects it next to traceparent.
+    const remote = trace.setSpanContext(context.active(), {
+      traceId: "4bf92f3577b34da6a3ce929d0e0e4736",
+      spanId: "00f067aa0ba902b7",
+      traceFlags: 1,
+      isRemote: true,
+      traceState: createTraceState("vendor=x"),
+    });
+    const producer = tracer.startSpan("batch", {}, remote);
+    const active = trace.setSpan(context.active(), producer);
+    const id = await context.with(active, () =>
+      db.inTransaction((client) =>
+        outbox.publish(client, "otel.explicit", { n: 3 }, { headers: { traceparent: explicit, a: "1" } }),
+      ),
     );
-    // Nothing injected at all: a tracestate from the active span would belong to another trace.
+    // Nothing injected at all: the active span's tracestate belongs to another trace.
     expect(await storedHeaders(id)).toEqual({ traceparent: explicit, a: "1" });
 
-    const producer = tracer.startSpan("batch");
-    const ids = await context.with(trace.setSpan(context.active(), producer), () =>
+    const ids = await context.with(active, () =>
       db.inTransaction((client) =>
         outbox.publishMany(client, "otel.explicit", [
           { payload: 1, headers: { traceparent: explicit } },
-          { payload: 2, headers: { b: "2" } },
+          // A caller's header wins over an injected one of the same name.
+          { payload: 2, headers: { b: "2", tracestate: "mine=1" } },
         ]),
       ),
     );
     producer.end();
     const { traceId, spanId } = producer.spanContext();
     expect(await storedHeaders(ids[0] ?? "")).toEqual({ traceparent: explicit });
-    expect(await storedHeaders(ids[1] ?? "")).toEqual({ b: "2", traceparent: `00-${traceId}-${spanId}-01` });
+    expect(await storedHeaders(ids[1] ?? "")).toEqual({
+      b: "2",
+      traceparent: `00-${traceId}-${spanId}-01`,
+      tracestate: "mine=1",
+    });
   });
 
   it("a message published outside any span gets no headers, and its process span is a root", async () => {
