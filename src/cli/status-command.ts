@@ -8,9 +8,10 @@ import { type CliIo, print } from "./io.js";
 export const statusUsage = `Usage: outbox-worker status [--schema NAME] [--database-url URL] [--json]
 
 Per queue: messages ready, blocked (behind an earlier message of their key), scheduled (due later),
-leased, with an expired lease, dead letters, the age of the oldest ready message and of the oldest
-dead letter; per worker (acquired_by) the rows it holds, expired leases and its oldest lease; then the messages table's dead tuples, size, last vacuum and whether
-autovacuum runs for it. Reads only: no row lock, no lease, never slows or blocks a worker.
+leased, with an expired lease, dead letters, the age of the oldest dead letter and of the oldest
+ready message; per worker (acquired_by) the rows it holds, expired leases and its oldest lease; then
+the messages table's dead tuples, size, last vacuum and whether autovacuum runs for it. Reads only:
+no row lock, no lease, never slows or blocks a worker.
 
 Options:
   --schema NAME        outbox schema (default: ${DEFAULT_SCHEMA}, or OUTBOX_SCHEMA)
