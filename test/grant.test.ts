@@ -1,4 +1,5 @@
 import { randomBytes, randomUUID } from "node:crypto";
+import path from "node:path";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { PermanentError, TransientError } from "../src/contract/handler-errors.js";
@@ -6,6 +7,7 @@ import { tableHealth } from "../src/inspect/table-health.js";
 import { constant } from "../src/retry/strategies.js";
 import { checkSchema, warnIfNotVacuumed } from "../src/service/startup.js";
 import { completeStatements } from "../src/sql/complete.js";
+import { expireDeadLettersStatement } from "../src/sql/dead-letters.js";
 import { runQuery } from "../src/sql/executor.js";
 import { fetchStatement } from "../src/sql/fetch.js";
 import {
@@ -16,6 +18,7 @@ import {
 } from "../src/sql/grants.js";
 import { repairKeyHeadsStatement } from "../src/sql/key-heads.js";
 import { runCli } from "./helpers/cli-in-process.js";
+import { serviceEnv, startCli } from "./helpers/cli-process.js";
 import { testDatabase } from "./helpers/database.js";
 import { publisherFor, until, workerFactory } from "./helpers/worker.js";
 
@@ -33,6 +36,7 @@ const role = {
   worker: `grt_worker_${tag}`,
   inspector: `grt_inspector_${tag}`,
   repairer: `grt_repairer_${tag}`,
+  expirer: `grt_expirer_${tag}`,
 };
 const ROLES = Object.values(role);
 
@@ -74,6 +78,7 @@ let producer: pg.Pool;
 let worker: pg.Pool;
 let inspector: pg.Pool;
 let repairer: pg.Pool;
+let expirer: pg.Pool;
 
 beforeAll(async () => {
   await db.migrate();
@@ -99,10 +104,16 @@ beforeAll(async () => {
     owner,
   );
   expect(second, second.stderr).toMatchObject({ code: 0 });
+  const third = await runCli(
+    ["grant", "--schema", schema, "--worker", role.expirer, "--worker-can-expire"],
+    owner,
+  );
+  expect(third, third.stderr).toMatchObject({ code: 0 });
   producer = poolAs(role.producer);
   worker = poolAs(role.worker);
   inspector = poolAs(role.inspector);
   repairer = poolAs(role.repairer);
+  expirer = poolAs(role.expirer);
 });
 
 afterAll(async () => {
@@ -153,20 +164,20 @@ describe("outbox-worker grant: what each role holds", () => {
         ...columns("messages", PRODUCER_SELECT_COLUMNS, "SELECT"),
       ].sort(),
     );
-    expect(await privilegesOf(role.worker)).toEqual(
-      [
-        "schema: USAGE",
-        "messages: SELECT",
-        "messages: UPDATE",
-        "messages: DELETE",
-        "dead_letters: SELECT",
-        "dead_letters: INSERT",
-        "dead_letters: UPDATE",
-        "schema_migrations: SELECT",
-        "ack_keyed: EXECUTE",
-        "promote_heads: EXECUTE",
-      ].sort(),
-    );
+    const workerRights = [
+      "schema: USAGE",
+      "messages: SELECT",
+      "messages: UPDATE",
+      "messages: DELETE",
+      "dead_letters: SELECT",
+      "dead_letters: INSERT",
+      "dead_letters: UPDATE",
+      "schema_migrations: SELECT",
+      "ack_keyed: EXECUTE",
+      "promote_heads: EXECUTE",
+    ];
+    expect(await privilegesOf(role.worker)).toEqual([...workerRights].sort());
+    expect(await privilegesOf(role.expirer)).toEqual([...workerRights, "dead_letters: DELETE"].sort());
     const inspectorRights = [
       "schema: USAGE",
       "unprocessed: SELECT",
@@ -221,6 +232,16 @@ describe("producer", () => {
       { key: "k", head: false },
     ]);
     await db.pool.query(`DELETE FROM ${names.messages} WHERE queue LIKE 'p.%'`);
+  });
+
+  it("reads ids, queues and keys, and is refused status, peek, dead letters and the start-up checks", async () => {
+    await producer.query(`SELECT id, queue, key FROM ${names.messages}`);
+    for (const args of [["status"], ["peek"], ["dead-letters", "list"]]) {
+      const result = await cli(role.producer, args);
+      expect(result.code, args.join(" ")).toBe(1);
+      expect(result.stderr).toMatch(/permission denied/);
+    }
+    expect(await refused(() => checkSchema({ pool: producer, schema }))).toMatch(/permission denied/);
   });
 
   it("is refused payloads, updates, deletes, lease columns, dead letters, functions and DDL", async () => {
@@ -305,6 +326,61 @@ describe("worker", () => {
     const repaired = await runQuery(worker, repairKeyHeadsStatement(names), { queues: ["w.keyed"] });
     expect(repaired).toEqual([]);
   });
+
+  it("reads status and dead letters through the CLI, not the unprocessed view", async () => {
+    await cliOk(role.worker, ["status"]);
+    await cliOk(role.worker, ["dead-letters", "list"]);
+    const peek = await cli(role.worker, ["peek"]);
+    expect(peek.code).toBe(1);
+    expect(peek.stderr).toMatch(/permission denied/);
+  });
+
+  it("runs the service (`outbox-worker run`, dead-letter retention on) and stops cleanly", async () => {
+    for (const [name, canExpire] of [
+      [role.worker, false],
+      [role.expirer, true],
+    ] as const) {
+      await db.pool.query(
+        `INSERT INTO ${names.deadLetters} (id, queue, payload, headers, created_at, available_at, deliveries_count, attempts_count, dead_at, reason)
+         VALUES (900100, 'fast', '{}', '{}', now(), now(), 1, 1, now() - interval '2 days', 'rejected')
+         ON CONFLICT (id) DO NOTHING`,
+      );
+      const p = startCli(
+        ["run", "--handlers", path.resolve("test/fixtures/handlers.ts"), "--http-port", "0"],
+        serviceEnv({ url: urlAs(name), schema }, { OUTBOX_DEAD_LETTER_RETENTION_MS: "3600000" }),
+      );
+      try {
+        await p.waitFor("outbox-worker running");
+        const client = await db.pool.connect();
+        try {
+          await outbox.publish(client, "fast", { n: 1 }, { key: "s" });
+        } finally {
+          client.release();
+        }
+        await until(async () => {
+          const { rows } = await db.pool.query(`SELECT count(*)::int AS n FROM ${names.messages}`);
+          return rows[0].n === 0;
+        }, "the service handled the message");
+        if (canExpire) {
+          await until(
+            async () => {
+              const { rows } = await db.pool.query(
+                `SELECT count(*)::int AS n FROM ${names.deadLetters} WHERE id = 900100`,
+              );
+              return rows[0].n === 0;
+            },
+            "retention deleted the old dead letter",
+            90_000,
+          );
+        }
+        p.child.kill("SIGTERM");
+        expect((await p.exited).code, p.output()).toBe(0);
+        if (canExpire) expect(p.output()).not.toMatch(/permission denied/);
+      } finally {
+        if (p.child.exitCode === null) p.child.kill("SIGKILL");
+      }
+    }
+  }, 120_000);
 
   it("is refused inserts, dead-letter deletes, migrations writes and every DDL", async () => {
     const m = names.messages;
@@ -500,6 +576,11 @@ describe("every right is needed", () => {
           leaseTtlMs: 1000,
           workerId: "w",
         }),
+    },
+    {
+      right: `DELETE ON ${dl}`,
+      of: role.expirer,
+      op: () => runQuery(expirer, expireDeadLettersStatement(names), { olderThanMs: 3_600_000, limit: 10 }),
     },
     {
       right: `SELECT ON ${names.unprocessed}`,

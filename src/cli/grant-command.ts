@@ -5,7 +5,8 @@ import { parseCommandArgs, schemaFrom, UsageError, withDatabase } from "./args.j
 import { type CliIo, print } from "./io.js";
 
 export const grantUsage = `Usage: outbox-worker grant [--producer ROLES] [--worker ROLES] [--inspector ROLES]
-                          [--inspector-can-repair] [--create] [--schema NAME] [--database-url URL] [--print]
+                          [--inspector-can-repair] [--worker-can-expire] [--create]
+                          [--schema NAME] [--database-url URL] [--print]
 
 Give existing roles exactly the rights their side needs on the outbox schema (least privilege):
   producer    publish: INSERT into messages (its own columns), SELECT of id, queue and key
@@ -21,6 +22,7 @@ Options:
   --worker ROLES           roles that run the worker or relays
   --inspector ROLES        roles that inspect (status, peek, dead-letters list/show)
   --inspector-can-repair   inspectors may also replay and purge dead letters
+  --worker-can-expire      workers may also delete old dead letters (deadLetterRetentionMs)
   --create                 create missing roles as NOLOGIN (no password: add LOGIN and a password yourself)
   --schema NAME            outbox schema (default: ${DEFAULT_SCHEMA}, or OUTBOX_SCHEMA)
   --database-url URL       Postgres connection string (default: DATABASE_URL)
@@ -42,6 +44,7 @@ export async function grantCommand(argv: string[], io: CliIo): Promise<number> {
     worker: { type: "string" },
     inspector: { type: "string" },
     "inspector-can-repair": { type: "boolean" },
+    "worker-can-expire": { type: "boolean" },
     create: { type: "boolean" },
     schema: { type: "string" },
     "database-url": { type: "string" },
@@ -61,6 +64,7 @@ export async function grantCommand(argv: string[], io: CliIo): Promise<number> {
       inspector: roles(values.inspector, "inspector"),
       create: values.create === true,
       inspectorCanRepair: values["inspector-can-repair"] === true,
+      workerCanExpire: values["worker-can-expire"] === true,
     };
   } catch (error) {
     if (error instanceof OutboxConfigError) throw new UsageError(error.message);
@@ -70,6 +74,9 @@ export async function grantCommand(argv: string[], io: CliIo): Promise<number> {
   if (named.length === 0) throw new UsageError("name at least one role: --producer, --worker or --inspector");
   if (plan.inspectorCanRepair && (plan.inspector ?? []).length === 0) {
     throw new UsageError("--inspector-can-repair needs --inspector");
+  }
+  if (plan.workerCanExpire && (plan.worker ?? []).length === 0) {
+    throw new UsageError("--worker-can-expire needs --worker");
   }
   if (values.print) {
     io.stdout(grantScript(plan));
@@ -101,7 +108,12 @@ export async function grantCommand(argv: string[], io: CliIo): Promise<number> {
       ["inspector", plan.inspector],
     ] as const) {
       for (const role of list ?? []) {
-        const extra = side === "inspector" && plan.inspectorCanRepair ? " (with repair)" : "";
+        const extra =
+          side === "inspector" && plan.inspectorCanRepair
+            ? " (with repair)"
+            : side === "worker" && plan.workerCanExpire
+              ? " (with dead-letter expiry)"
+              : "";
         print(io, `granted ${side} rights on schema "${schema}" to ${role}${extra}`);
       }
     }

@@ -13,6 +13,8 @@ import { outboxNames, quoteLiteral } from "./names.js";
  * - worker: lease, ack, retry, release, renew and the dead-letter move (messages SELECT/UPDATE/DELETE,
  *   dead_letters SELECT/INSERT/UPDATE: UPDATE for the upsert of a replayed message that dies again), EXECUTE
  *   on ack_keyed/promote_heads, schema_migrations SELECT for the version check. No INSERT, no DDL, no TRUNCATE.
+ *   With expire: DELETE on dead_letters, for the service's dead-letter retention (its FOR UPDATE SKIP LOCKED
+ *   is covered by the UPDATE the worker already has).
  * - inspector: the `unprocessed` view (peek; a view reads its table with its owner's rights), the columns of
  *   messages that `status` and the replay preview read (no payload, headers or error), dead_letters SELECT.
  *   With repair: replay (INSERT into messages with the dead letter's own id, DELETE from dead_letters; its
@@ -29,6 +31,8 @@ export interface GrantPlan {
   create?: boolean;
   /** The inspector may also replay and purge dead letters. */
   inspectorCanRepair?: boolean;
+  /** The worker may also delete old dead letters (the service's deadLetterRetentionMs). */
+  workerCanExpire?: boolean;
 }
 
 const ROLE_NAME = /^[a-z_][a-z0-9_]*$/;
@@ -142,6 +146,8 @@ $$`);
     out.push(`GRANT SELECT, INSERT, UPDATE ON ${names.deadLetters} TO ${r}`);
     out.push(`GRANT SELECT ON ${names.migrationsTable} TO ${r}`);
     for (const fn of WORKER_FUNCTIONS) out.push(`GRANT EXECUTE ON FUNCTION ${s}.${fn} TO ${r}`);
+    // Retention is off by default: without it, a worker has no reason to destroy dead letters.
+    if (plan.workerCanExpire) out.push(`GRANT DELETE ON ${names.deadLetters} TO ${r}`);
   }
   for (const role of sides.inspector) {
     const r = quoteRole(role);

@@ -31,6 +31,15 @@ describe("grantStatements", () => {
     expect(repair).toMatch(/GRANT DELETE, UPDATE \(error\) ON "s".dead_letters TO "r"/);
   });
 
+  it("lets the worker delete dead letters only with workerCanExpire", () => {
+    expect(grantStatements({ schema: "s", worker: ["w"] }).join("\n")).not.toMatch(
+      /DELETE ON "s".dead_letters/,
+    );
+    expect(grantStatements({ schema: "s", worker: ["w"], workerCanExpire: true })).toContain(
+      'GRANT DELETE ON "s".dead_letters TO "w"',
+    );
+  });
+
   it("creates missing roles NOLOGIN, never with a password, only with create", () => {
     expect(grantScript({ schema: "s", worker: ["w"] })).not.toContain("CREATE ROLE");
     const script = grantScript({ schema: "s", worker: ["w"], create: true });
