@@ -109,25 +109,19 @@ export function httpRelayHeaders(
   return headers;
 }
 
-/** A Standard Webhooks key, decoded once. */
-interface SigningKey {
-  key: Buffer;
-}
-
 /**
  * Standard Webhooks `webhook-signature`: `v1,<base64 HMAC-SHA256 of "<id>.<timestamp>.<body>">` for each
  * key, space-separated (several while a secret is rotated: the receiver accepts any that matches).
  */
 export function webhookSignature(
-  keys: readonly SigningKey[],
+  keys: readonly Buffer[],
   id: string,
   timestamp: number,
   body: string,
 ): string {
   return keys
     .map(
-      ({ key }) =>
-        `v1,${createHmac("sha256", key).update(`${id}.${timestamp}.`).update(body).digest("base64")}`,
+      (key) => `v1,${createHmac("sha256", key).update(`${id}.${timestamp}.`).update(body).digest("base64")}`,
     )
     .join(" ");
 }
@@ -155,7 +149,7 @@ export async function createHttpRelay(
         ? config.signingSecret
         : [config.signingSecret];
   // The schema has checked every secret: the key is there.
-  const keys = secrets.map((secret) => ({ key: signingKey(secret) ?? Buffer.alloc(0) }));
+  const keys = secrets.map((secret) => signingKey(secret) ?? Buffer.alloc(0));
   const closing = new AbortController();
   // No connection to watch: the last request says whether the receiver is there.
   const health = new RelayHealthTracker(target, { initial: "ok" });
