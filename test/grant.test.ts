@@ -251,6 +251,7 @@ describe("producer", () => {
       `SELECT * FROM ${m}`,
       `SELECT * FROM ${names.unprocessed}`,
       `SELECT * FROM ${names.deadLetters}`,
+      `DELETE FROM ${names.deadLetters}`,
       `SELECT * FROM ${names.migrationsTable}`,
       `UPDATE ${m} SET available_at = now()`,
       `DELETE FROM ${m}`,
@@ -327,12 +328,19 @@ describe("worker", () => {
     expect(repaired).toEqual([]);
   });
 
-  it("reads status and dead letters through the CLI, not the unprocessed view", async () => {
+  it("reads status and dead letters through the CLI; refused peek (the view), replay and purge", async () => {
     await cliOk(role.worker, ["status"]);
     await cliOk(role.worker, ["dead-letters", "list"]);
-    const peek = await cli(role.worker, ["peek"]);
-    expect(peek.code).toBe(1);
-    expect(peek.stderr).toMatch(/permission denied/);
+    await cliOk(role.worker, ["dead-letters", "replay", "--all", "--dry-run"]);
+    for (const args of [
+      ["peek"],
+      ["dead-letters", "replay", "--all"],
+      ["dead-letters", "purge", "--older-than", "1s"],
+    ]) {
+      const result = await cli(role.worker, args);
+      expect(result.code, args.join(" ")).toBe(1);
+      expect(result.stderr, args.join(" ")).toMatch(/permission denied/);
+    }
   });
 
   it("runs the service (`outbox-worker run`, dead-letter retention on) and stops cleanly", async () => {
@@ -441,7 +449,11 @@ describe("inspector", () => {
       `DELETE FROM ${names.messages}`,
       `INSERT INTO ${names.messages} (queue, payload) VALUES ('q', '1')`,
       `UPDATE ${names.deadLetters} SET error = 'x'`,
+      `DELETE FROM ${names.deadLetters}`,
       `SELECT * FROM ${names.migrationsTable}`,
+      `SELECT * FROM ${names.quotedSchema}.ack_keyed('{}', '{}', 0, gen_random_uuid(), 1, 'w', true)`,
+      `TRUNCATE ${names.deadLetters}`,
+      `CREATE TABLE ${names.quotedSchema}.mine (x int)`,
     ]) {
       expect(await refused(() => inspector.query(sql)), sql).toMatch(/permission denied/);
     }
@@ -456,11 +468,19 @@ describe("inspector", () => {
     expect(await cliOk(role.repairer, ["dead-letters", "purge", "--older-than", "1d"])).toMatch(/1/);
     const left = await db.pool.query(`SELECT count(*)::int AS n FROM ${names.deadLetters}`);
     expect(left.rows[0].n).toBe(0);
+    // Replay's INSERT covers a producer's columns: a repairer can publish too (said in the docs).
+    await outbox.publish(repairer, "i.published", { n: 1 }, { key: "k" });
+    await db.pool.query(`DELETE FROM ${names.messages} WHERE queue = 'i.published'`);
     // Repair moves dead letters back; it still writes nothing else.
     for (const sql of [
       `SELECT payload FROM ${names.messages}`,
       `UPDATE ${names.messages} SET available_at = now()`,
       `DELETE FROM ${names.messages}`,
+      `INSERT INTO ${names.messages} (queue, payload, acquired_token, acquired_at, lease_expires_at) VALUES ('q', '1', gen_random_uuid(), now(), now())`,
+      `SELECT * FROM ${names.migrationsTable}`,
+      `SELECT * FROM ${names.quotedSchema}.ack_keyed('{}', '{}', 0, gen_random_uuid(), 1, 'w', true)`,
+      `TRUNCATE ${names.deadLetters}`,
+      `CREATE TABLE ${names.quotedSchema}.mine (x int)`,
     ]) {
       expect(await refused(() => repairer.query(sql)), sql).toMatch(/permission denied/);
     }
