@@ -8,8 +8,9 @@ import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest
 import { OutboxConfigError } from "../src/contract/errors.js";
 import type { MessageContext } from "../src/contract/handler.js";
 import { classifyError, type ErrorClass } from "../src/contract/handler-errors.js";
+import { encodeHeaderValue } from "../src/relay/cloudevents.js";
 import { createRelay } from "../src/relay/create-relay.js";
-import { createHttpRelay, encodeHeaderValue } from "../src/relay/http.js";
+import { createHttpRelay } from "../src/relay/http.js";
 import type { Relay } from "../src/relay/relay.js";
 import { HOST } from "./helpers/brokers.js";
 import { startTcpProxy, type TcpProxy } from "./helpers/tcp-proxy.js";

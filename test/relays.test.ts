@@ -508,6 +508,7 @@ describe.skipIf(natsDown !== undefined)("nats relay", () => {
       "ce-time": expect.stringMatching(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/),
       "ce-datacontenttype": "application/json",
       "ce-traceparent": `00-${id}`,
+      traceparent: `00-${id}`,
       "x-tenant": "acme",
     });
   });
@@ -542,6 +543,9 @@ describe.skipIf(natsDown !== undefined)("nats relay", () => {
       "ce-traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
       "ce-tracestate": "vendor=a%20b",
       "ce-tenant": "acme%20corp",
+      // The plain W3C headers too, for tracing instrumentation that reads only those.
+      traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+      tracestate: "vendor=a%20b",
       "x-tenant": "acme",
     });
     // Decoded by the binding's rules, then validated by the SDK.
@@ -690,6 +694,7 @@ describe.skipIf(rabbitDown !== undefined)("rabbitmq relay", () => {
       "ce-subject": `k-${ids[7]}`,
       "ce-time": expect.stringMatching(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/),
       "ce-traceparent": `00-${ids[7]}`,
+      traceparent: `00-${ids[7]}`,
       "x-tenant": "acme",
     });
     expect(message?.content.toString("utf8")).toBe(JSON.stringify(payloadOf(ids[7] ?? "")));
@@ -724,6 +729,9 @@ describe.skipIf(rabbitDown !== undefined)("rabbitmq relay", () => {
     const expected = { ...expectedAttributes(keyed, "/outbox/test/ce", type), subject: AWKWARD_KEY };
     expect(headers).toEqual({
       ...Object.fromEntries(Object.entries(expected).map(([name, value]) => [`ce-${name}`, value])),
+      // The plain W3C entries too, for tracing instrumentation that reads only those.
+      traceparent: expected.traceparent,
+      tracestate: expected.tracestate,
       "x-tenant": "acme",
     });
     const body = first.content.toString("utf8");

@@ -8,7 +8,8 @@ import {
   type CloudEventNaming,
   cloudEventAttributes,
   DEFAULT_SOURCE,
-  isExtensionName,
+  encodeHeaderValue,
+  isEventAttribute,
 } from "./cloudevents.js";
 import { httpRelayConfigSchema, parseRelayConfig, signingKey } from "./config.js";
 import { RelayHealthTracker } from "./health.js";
@@ -16,21 +17,6 @@ import type { Relay, RelayDeps } from "./relay.js";
 
 const SNIPPET_CHARS = 200;
 const SNIPPET_BYTES = 2048;
-
-/**
- * CloudEvents HTTP binding 1.0.2 §3.1.3.2: a header value keeps printable ASCII except space, `"` and `%`;
- * every other character goes as its UTF-8 bytes, `%XY` each. Controls are encoded too, as the binding
- * recommends, so no value can break the header. A receiver undoes it with `decodeURIComponent`.
- */
-export function encodeHeaderValue(value: string): string {
-  // The u flag walks code points: a surrogate pair is one character, encoded as its four UTF-8 bytes.
-  return value.replace(/[^\x21\x23\x24\x26-\x7e]/gu, (char) => {
-    let encoded = "";
-    for (const byte of Buffer.from(char, "utf8"))
-      encoded += `%${byte.toString(16).toUpperCase().padStart(2, "0")}`;
-    return encoded;
-  });
-}
 
 /** An RFC 9110 token: what may be sent as a header name. */
 const HTTP_TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
@@ -88,7 +74,7 @@ export function httpRelayHeaders(
   const problems: string[] = [];
   const seen = new Set<string>();
   for (const [name, value] of Object.entries(message.headers)) {
-    if (name === "traceparent" || name === "tracestate" || isExtensionName(name)) continue;
+    if (isEventAttribute(name)) continue;
     const lower = name.toLowerCase();
     const problem =
       plainHeaderProblem(name) ??

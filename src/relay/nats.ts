@@ -18,7 +18,8 @@ import {
   type CloudEventNaming,
   cloudEventAttributes,
   DEFAULT_SOURCE,
-  isExtensionName,
+  encodeHeaderValue,
+  isEventAttribute,
 } from "./cloudevents.js";
 import { natsRelayConfigSchema, parseRelayConfig, QUEUE_PLACEHOLDER, renderTarget } from "./config.js";
 import { withDeadline } from "./deadline.js";
@@ -231,31 +232,15 @@ export function natsEventHeaders(message: MessageContext, naming: CloudEventNami
     // Nats-Expected-* and friends are JetStream instructions, not data: a stray one would fail every publish.
     if (!isEventAttribute(name) && !/^nats-/i.test(name)) headers.append(name, value);
   }
-  for (const [name, value] of binaryAttributes(attributes)) headers.set(`ce-${name}`, percentEncode(value));
+  for (const [name, value] of binaryAttributes(attributes))
+    headers.set(`ce-${name}`, encodeHeaderValue(value));
   headers.set("ce-datacontenttype", attributes.datacontenttype);
+  // The plain W3C headers too, as the HTTP relay sends them: NATS tracing instrumentation reads those.
+  if (attributes.traceparent !== undefined)
+    headers.set("traceparent", encodeHeaderValue(attributes.traceparent));
+  if (attributes.tracestate !== undefined)
+    headers.set("tracestate", encodeHeaderValue(attributes.tracestate));
   return headers;
-}
-
-/** A message header that becomes an attribute of the event (see cloudEventAttributes). */
-export function isEventAttribute(name: string): boolean {
-  return name === "traceparent" || name === "tracestate" || isExtensionName(name);
-}
-
-/**
- * The binding's header value encoding (§3.1.3.2): space, double quote, percent and every character outside
- * printable ASCII as upper-case %XX of its UTF-8 bytes. NATS headers are ASCII lines, and the client trims
- * values, so a subject with spaces or non-ASCII letters would otherwise arrive changed.
- */
-export function percentEncode(value: string): string {
-  let encoded = "";
-  for (const char of value) {
-    const code = char.codePointAt(0) ?? 0;
-    if (code > 0x20 && code < 0x7f && char !== '"' && char !== "%") encoded += char;
-    else
-      for (const byte of Buffer.from(char, "utf8"))
-        encoded += `%${byte.toString(16).toUpperCase().padStart(2, "0")}`;
-  }
-  return encoded;
 }
 
 function classify(error: unknown, subject: string, onNoStream: () => void): Error {

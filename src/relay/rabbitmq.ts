@@ -8,7 +8,7 @@ import {
   type CloudEventNaming,
   cloudEventAttributes,
   DEFAULT_SOURCE,
-  isExtensionName,
+  isEventAttribute,
 } from "./cloudevents.js";
 import { parseRelayConfig, QUEUE_PLACEHOLDER, rabbitmqRelayConfigSchema, renderTarget } from "./config.js";
 import { withDeadline } from "./deadline.js";
@@ -208,9 +208,12 @@ export function rabbitmqEventHeaders(
 ): Record<string, string> {
   const headers: Record<string, string> = {};
   for (const [name, value] of Object.entries(message.headers)) {
-    if (name !== "traceparent" && name !== "tracestate" && !isExtensionName(name)) headers[name] = value;
+    if (!isEventAttribute(name)) headers[name] = value;
   }
   for (const [name, value] of binaryAttributes(attributes)) headers[`ce-${name}`] = value;
+  // The plain W3C entries too, as the HTTP relay sends them: AMQP tracing instrumentation reads those.
+  if (attributes.traceparent !== undefined) headers.traceparent = attributes.traceparent;
+  if (attributes.tracestate !== undefined) headers.tracestate = attributes.tracestate;
   return headers;
 }
 

@@ -7,7 +7,7 @@ import {
   type CloudEventNaming,
   cloudEventAttributes,
   DEFAULT_SOURCE,
-  isExtensionName,
+  isEventAttribute,
   structuredEvent,
 } from "./cloudevents.js";
 import { parseRelayConfig, QUEUE_PLACEHOLDER, redisRelayConfigSchema, renderTarget } from "./config.js";
@@ -137,9 +137,7 @@ export function redisEventFields(message: MessageContext, naming: CloudEventNami
   const attributes = cloudEventAttributes(message, naming);
   const fields = ["id", attributes.id, "type", attributes.type];
   if (attributes.subject !== undefined) fields.push("subject", attributes.subject);
-  const others = Object.entries(message.headers).filter(
-    ([name]) => name !== "traceparent" && name !== "tracestate" && !isExtensionName(name),
-  );
+  const others = Object.entries(message.headers).filter(([name]) => !isEventAttribute(name));
   if (others.length > 0) fields.push("headers", JSON.stringify(Object.fromEntries(others)));
   // The stored JSON text, byte for byte: a re-serialised payload would round numbers beyond 2^53.
   fields.push("event", structuredEvent(attributes, message.rawPayload));
