@@ -1,11 +1,12 @@
-import { createHmac } from "node:crypto";
 import { readFile, writeFile } from "node:fs/promises";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import path from "node:path";
 import amqp from "amqplib";
+import { HTTP } from "cloudevents";
 import { Redis } from "ioredis";
 import { connect as natsConnect } from "nats";
+import { Webhook } from "standardwebhooks";
 import { afterEach, beforeAll, describe, expect, it } from "vitest";
 import { HOST, NATS_PORT, probeBrokers, RABBIT_URL, REDIS_PORT } from "./helpers/brokers.js";
 import { type CliProcess, serviceEnv, startCli } from "./helpers/cli-process.js";
@@ -67,17 +68,17 @@ describe.skipIf(brokersDown.length > 0)("the README relay example", () => {
     const example = await readmeRelayExample();
     const config = JSON.parse(example) as { relays: Record<string, Record<string, string>> };
     const webhook = new URL(config.relays["order.placed"]?.url ?? "");
-    const secret = config.relays["order.placed"]?.hmacSecret ?? "";
+    const secret = config.relays["order.placed"]?.signingSecret ?? "";
 
     // The webhook receiver the example points at; elsewhere if that port is taken on this machine.
-    const received: { body: string; signature: string | undefined }[] = [];
+    const received: { body: string; headers: http.IncomingHttpHeaders }[] = [];
     const receiver = http.createServer((req, res) => {
       let body = "";
       req.on("data", (chunk) => {
         body += chunk;
       });
       req.on("end", () => {
-        received.push({ body, signature: req.headers["x-outbox-signature"] as string | undefined });
+        received.push({ body, headers: req.headers });
         res.writeHead(204).end();
       });
     });
@@ -106,11 +107,15 @@ describe.skipIf(brokersDown.length > 0)("the README relay example", () => {
     expect(ready.status).toBe(200);
 
     const ids: Record<string, string> = {};
+    const payloads: Record<string, unknown> = {};
     await db.inTransaction(async (c) => {
       for (const queue of Object.keys(config.relays)) {
-        ids[queue] = await outbox.publish(c, queue, { queue, at: Date.now() });
+        payloads[queue] = { queue, at: Date.now() };
+        ids[queue] = await outbox.publish(c, queue, payloads[queue]);
       }
     });
+    // The service names the source after the database and schema.
+    const source = expect.stringMatching(new RegExp(`^/outbox/[^/]+/${db.schema}$`));
     await until(async () => {
       const { rows } = await db.pool.query(`SELECT count(*)::int AS n FROM ${db.names.messages}`);
       return rows[0].n === 0;
@@ -118,13 +123,17 @@ describe.skipIf(brokersDown.length > 0)("the README relay example", () => {
     const { rows: dead } = await db.pool.query(`SELECT queue, error FROM ${db.names.deadLetters}`);
     expect(dead).toEqual([]);
 
-    // Each broker has it: the webhook (signed), the NATS stream, the RabbitMQ queue, the Redis stream.
-    const hook = received.find((r) => JSON.parse(r.body).id === ids["order.placed"]);
-    expect(hook?.signature).toBe(
-      `sha256=${createHmac("sha256", secret)
-        .update(hook?.body ?? "")
-        .digest("hex")}`,
-    );
+    // Each broker has it, as a CloudEvent: the webhook (signed), the NATS stream, the RabbitMQ queue, the
+    // Redis stream.
+    const hook = received.find((r) => r.headers["ce-id"] === ids["order.placed"]);
+    if (hook === undefined) throw new Error("the webhook never got order.placed");
+    expect(() => new Webhook(secret).verify(hook.body, hook.headers as Record<string, string>)).not.toThrow();
+    expect(HTTP.toEvent({ headers: hook.headers, body: hook.body })).toMatchObject({
+      id: ids["order.placed"],
+      type: "order.placed",
+      source,
+      data: payloads["order.placed"],
+    });
 
     const nc = await natsConnect({ servers: `${HOST}:${NATS_PORT}` });
     try {
@@ -132,6 +141,11 @@ describe.skipIf(brokersDown.length > 0)("the README relay example", () => {
       const stream = config.relays["order.shipped"]?.stream ?? "";
       const message = await jsm.streams.getMessage(stream, { last_by_subj: "orders.shipped" });
       expect(message.header.get("Nats-Msg-Id")).toBe(ids["order.shipped"]);
+      expect(message.header.get("ce-id")).toBe(ids["order.shipped"]);
+      expect(message.header.get("ce-type")).toBe("order.shipped");
+      expect(message.header.get("ce-source")).toEqual(source);
+      expect(message.header.get("ce-datacontenttype")).toBe("application/json");
+      expect(JSON.parse(message.string())).toEqual(payloads["order.shipped"]);
     } finally {
       await nc.close();
     }
@@ -140,15 +154,22 @@ describe.skipIf(brokersDown.length > 0)("the README relay example", () => {
     try {
       const channel = await model.createChannel();
       const queue = config.relays["invoice.due"]?.declareQueue ?? "";
-      const seen: string[] = [];
+      const seen = new Map<string, amqp.GetMessage>();
       for (
         let m = await channel.get(queue, { noAck: true });
         m !== false;
         m = await channel.get(queue, { noAck: true })
       ) {
-        seen.push(String(m.properties.messageId));
+        seen.set(String(m.properties.messageId), m);
       }
-      expect(seen).toContain(ids["invoice.due"]);
+      const m = seen.get(ids["invoice.due"] ?? "");
+      expect(m?.properties).toMatchObject({ type: "invoice.due", contentType: "application/json" });
+      expect(m?.properties.headers).toMatchObject({
+        "ce-id": ids["invoice.due"],
+        "ce-type": "invoice.due",
+        "ce-source": source,
+      });
+      expect(JSON.parse(m?.content.toString("utf8") ?? "")).toEqual(payloads["invoice.due"]);
     } finally {
       await model.close();
     }
@@ -162,7 +183,14 @@ describe.skipIf(brokersDown.length > 0)("the README relay example", () => {
         "COUNT",
         1,
       );
-      expect(fields.slice(0, 2)).toEqual(["id", ids.audit]);
+      expect(fields.slice(0, 4)).toEqual(["id", ids.audit, "type", "audit"]);
+      expect(fields.at(-2)).toBe("event");
+      expect(JSON.parse(fields.at(-1) ?? "")).toMatchObject({
+        specversion: "1.0",
+        id: ids.audit,
+        source,
+        data: payloads.audit,
+      });
     } finally {
       redis.disconnect();
     }

@@ -730,8 +730,8 @@ describe.skipIf(rabbitDown !== undefined)("rabbitmq relay", () => {
     expect(headers).toEqual({
       ...Object.fromEntries(Object.entries(expected).map(([name, value]) => [`ce-${name}`, value])),
       // The plain W3C entries too, for tracing instrumentation that reads only those.
-      traceparent: expected.traceparent,
-      tracestate: expected.tracestate,
+      traceparent: expectedAttributes(keyed, "", "").traceparent,
+      tracestate: expectedAttributes(keyed, "", "").tracestate,
       "x-tenant": "acme",
     });
     const body = first.content.toString("utf8");
