@@ -211,12 +211,10 @@ describe("bytes in, bytes out: relays through the worker", () => {
   });
 
   /** The HTTP body's payload member is the stored text, and the body is still JSON a receiver can read. */
-  function expectHttpBody(body: string, id: string, stored: string): void {
-    expect(body).toContain(`"payload":${stored}`);
-    const parsed = JSON.parse(body) as { id: string; payload: unknown };
-    expect(parsed.id).toBe(id);
-    expect(parsed.payload).toEqual(JSON.parse(stored));
-    expect((parseKeepingNumberText(body) as { payload: unknown }).payload).toEqual({
+  // CloudEvents binary mode: the body is the payload's stored text itself.
+  function expectHttpBody(body: string, stored: string): void {
+    expectStoredBytes(body, stored, "http body");
+    expect(parseKeepingNumberText(body)).toEqual({
       f: "1.10",
       s: "é\u2028",
       big: "12345678901234567890",
@@ -224,15 +222,15 @@ describe("bytes in, bytes out: relays through the worker", () => {
     });
   }
 
-  it("http: the body's payload member is the stored text; the body is valid JSON with every digit", async () => {
+  it("http: the body is the stored text; valid JSON with every digit", async () => {
     const { id, stored } = await relayThroughWorker(
       { type: "http", url: `http://${HOST}:${port}/hook` },
       "bytes.http",
     );
     expect(received).toHaveLength(1);
     const [request] = received;
-    expect(request?.headers["x-outbox-id"]).toBe(id);
-    expectHttpBody(request?.body ?? "", id, stored);
+    expect(request?.headers["ce-id"]).toBe(id);
+    expectHttpBody(request?.body ?? "", stored);
   });
 
   it("http through the service (relays configured as an operator does): the same body", async () => {
@@ -252,33 +250,35 @@ describe("bytes in, bytes out: relays through the worker", () => {
       await service.stop();
     }
     expect(received).toHaveLength(1);
-    expectHttpBody(received[0]?.body ?? "", id, stored);
+    expect(received[0]?.headers["ce-id"]).toBe(id);
+    expectHttpBody(received[0]?.body ?? "", stored);
   });
 
-  it.skipIf(redisDown !== undefined)(
-    "redis: the stream entry's payload field is the stored text",
-    async () => {
-      const stream = `outbox-bytes-test:${RUN}:redis`;
-      const redis = new Redis({ host: HOST, port: REDIS_PORT, maxRetriesPerRequest: 1 });
-      redis.on("error", () => {});
-      try {
-        const { id, stored } = await relayThroughWorker(
-          { type: "redis", url: `redis://${HOST}:${REDIS_PORT}`, stream },
-          "bytes.redis",
-        );
-        const entries = await redis.xrangeBuffer(stream, "-", "+");
-        expect(entries).toHaveLength(1);
-        const fields = entries[0]?.[1] ?? [];
-        const field = (name: string) =>
-          fields[fields.findIndex((f, i) => i % 2 === 0 && f.toString() === name) + 1];
-        expect(field("id")?.toString()).toBe(id);
-        expectStoredBytes(field("payload") ?? Buffer.alloc(0), stored, "redis payload field");
-      } finally {
-        await redis.del(stream).catch(() => {});
-        redis.disconnect();
-      }
-    },
-  );
+  it.skipIf(redisDown !== undefined)("redis: the event's data is the stored text", async () => {
+    const stream = `outbox-bytes-test:${RUN}:redis`;
+    const redis = new Redis({ host: HOST, port: REDIS_PORT, maxRetriesPerRequest: 1 });
+    redis.on("error", () => {});
+    try {
+      const { id, stored } = await relayThroughWorker(
+        { type: "redis", url: `redis://${HOST}:${REDIS_PORT}`, stream },
+        "bytes.redis",
+      );
+      const entries = await redis.xrangeBuffer(stream, "-", "+");
+      expect(entries).toHaveLength(1);
+      const fields = entries[0]?.[1] ?? [];
+      const field = (name: string) =>
+        fields[fields.findIndex((f, i) => i % 2 === 0 && f.toString() === name) + 1];
+      expect(field("id")?.toString()).toBe(id);
+      // Structured mode: the event's last member is `"data":` and the stored text, byte for byte.
+      const event = field("event") ?? Buffer.alloc(0);
+      const data = event.subarray(event.length - 1 - Buffer.byteLength(stored), event.length - 1);
+      expectStoredBytes(data, stored, "redis event data");
+      expect(event.subarray(0, event.length - 1 - data.length).toString("utf8")).toMatch(/,"data":$/);
+    } finally {
+      await redis.del(stream).catch(() => {});
+      redis.disconnect();
+    }
+  });
 
   it.skipIf(natsDown !== undefined)("nats: the JetStream message data is the stored text", async () => {
     const stream = `OUTBOX_BYTES_TEST_${RUN}`;
