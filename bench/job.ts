@@ -64,6 +64,11 @@ export type JobSpec =
       perKey: number;
       /** How long the hot key's progress is watched once the other keys are done. */
       hotSeconds: number;
+      /**
+       * The hot key's rows go to a queue no worker serves: the same table and indexes, no hot key to
+       * drain (the control that tells the hot key's own cost from that of a bigger table).
+       */
+      parked?: boolean;
     }
   | { kind: "keyScale"; rows: number; keys: number; timed: number };
 
@@ -520,18 +525,19 @@ async function hotKey(spec: Extract<JobSpec, { kind: "hotKey" }>): Promise<HotKe
   await peer.setup();
   const others = spec.keys * spec.perKey;
   const parts = [
-    `SELECT g, 'k' || (g % ${spec.keys}), g <= ${spec.keys}, g::float8 / ${others} FROM generate_series(1, ${others}) AS g`,
+    `SELECT '${QUEUE}', g, 'k' || (g % ${spec.keys}), g <= ${spec.keys}, g::float8 / ${others} FROM generate_series(1, ${others}) AS g`,
   ];
+  const hotQueue = spec.parked ? `${QUEUE}.parked` : QUEUE;
   if (spec.hotRows > 0) {
     parts.push(
-      `SELECT -g, 'hot', g = 1, g::float8 / ${spec.hotRows} FROM generate_series(1, ${spec.hotRows}) AS g`,
+      `SELECT '${hotQueue}', -g, 'hot', g = 1, g::float8 / ${spec.hotRows} FROM generate_series(1, ${spec.hotRows}) AS g`,
     );
   }
   await withoutKeyTrigger(
     pool,
     schema,
     `INSERT INTO ${m} (queue, payload, key, head)
-     SELECT '${QUEUE}', ${PAYLOAD_SQL}, s.key, s.head FROM (${parts.join(" UNION ALL ")}) AS s(g, key, head, pos)
+     SELECT s.queue, ${PAYLOAD_SQL}, s.key, s.head FROM (${parts.join(" UNION ALL ")}) AS s(queue, g, key, head, pos)
      ORDER BY s.pos, s.g`,
   );
   await checkHeads(pool, schema, others + spec.hotRows, spec.keys + (spec.hotRows > 0 ? 1 : 0));
@@ -577,7 +583,7 @@ async function hotKey(spec: Extract<JobSpec, { kind: "hotKey" }>): Promise<HotKe
   let hotGapMs = Number.NaN;
   let leasesPerHotRow = Number.NaN;
   const statementMs: Record<string, number> = {};
-  if (spec.hotRows > 0) {
+  if (spec.hotRows > 0 && !spec.parked) {
     const mark = new Map([...queries.timings].map(([label, xs]) => [label, xs.length]));
     const h0 = hot;
     const t0 = performance.now();
