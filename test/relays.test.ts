@@ -2,12 +2,10 @@ import amqp from "amqplib";
 import { Redis } from "ioredis";
 import { type JetStreamManager, type MsgHdrs, type NatsConnection, connect as natsConnect } from "nats";
 import pino from "pino";
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { OutboxConfigError } from "../src/contract/errors.js";
 import type { MessageContext } from "../src/contract/handler.js";
-import { classifyError, type ErrorClass } from "../src/contract/handler-errors.js";
 import { createRelay } from "../src/relay/create-relay.js";
-import type { Relay } from "../src/relay/relay.js";
 import { HOST, NATS_PORT, probeBrokers, RABBIT_URL, REDIS_PORT } from "./helpers/brokers.js";
 import {
   AWKWARD_KEY,
@@ -18,17 +16,18 @@ import {
   rawDataOf,
   structuredToEvent,
 } from "./helpers/cloudevents.js";
-import { startTcpProxy, type TcpProxy } from "./helpers/tcp-proxy.js";
+import {
+  expectDelivered,
+  newIds,
+  payloadOf,
+  relayScenarios,
+  trackRelays,
+} from "./helpers/relay-scenarios.js";
 
 const BURST = 50;
 /** Unique per run: names below never collide with another run's leftovers. */
 const RUN = `${Date.now().toString(36)}${process.pid.toString(36)}`;
 const logger = pino({ level: process.env.RELAY_TEST_LOG ?? "silent" });
-
-let nextId = BigInt(Date.now()) * 1000n;
-function newIds(count: number): string[] {
-  return Array.from({ length: count }, () => String(nextId++));
-}
 
 function context(id: string, queue: string, key: string | null = `k-${id}`): MessageContext {
   return {
@@ -44,110 +43,10 @@ function context(id: string, queue: string, key: string | null = `k-${id}`): Mes
   };
 }
 
-const payloadOf = (id: string) => ({ orderId: id, total: 12.5, items: ["a", "b"] });
-
-/** How one handler call ended: "ok", or how the worker would classify its error. */
-async function outcome(relay: Relay, id: string, queue: string): Promise<"ok" | ErrorClass> {
-  try {
-    await relay.handler(payloadOf(id), context(id, queue));
-    return "ok";
-  } catch (error) {
-    return classifyError(error);
-  }
-}
-
-async function outcomes(relay: Relay, ids: string[], queue: string): Promise<Map<string, "ok" | ErrorClass>> {
-  const results = await Promise.all(ids.map(async (id) => [id, await outcome(relay, id, queue)] as const));
-  return new Map(results);
-}
-
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
-
-/** Retry the ids until each is accepted; every failure on the way must be transient. Bounded in time. */
-async function retryUntilDelivered(relay: Relay, ids: string[], queue: string, timeoutMs = 20_000) {
-  const deadline = Date.now() + timeoutMs;
-  let pending = ids;
-  const failures = new Set<ErrorClass>();
-  for (let round = 0; pending.length > 0 && Date.now() < deadline && round < 500; round++) {
-    const results = await outcomes(relay, pending, queue);
-    pending = pending.filter((id) => results.get(id) !== "ok");
-    for (const result of results.values()) if (result !== "ok") failures.add(result);
-    if (pending.length > 0) await sleep(200);
-  }
-  expect(pending, "ids still failing after the broker came back").toEqual([]);
-  expect(
-    [...failures].filter((f) => f !== "transient"),
-    "failures while recovering",
-  ).toEqual([]);
-}
-
-/**
- * The outage scenario shared by every broker. 20 messages are delivered; 10 more reach the broker but
- * their acks are held back when the proxy cuts every connection (the at-least-once case: stored, yet
- * reported failed); 20 more are sent during the outage; then the proxy comes back and every failed id is
- * retried. `landed` counts what the broker has stored. Returns the ids whose acks were lost.
- */
-async function burstThroughOutage(
-  relay: Relay,
-  proxy: TcpProxy,
-  ids: string[],
-  queue: string,
-  landed: () => Promise<number>,
-): Promise<Set<string>> {
-  const before = await outcomes(relay, ids.slice(0, 20), queue);
-  expect([...before.values()], "deliveries before the outage").toEqual(ids.slice(0, 20).map(() => "ok"));
-
-  proxy.holdReplies();
-  const inFlight = outcomes(relay, ids.slice(20, 30), queue);
-  const deadline = Date.now() + 5000;
-  while ((await landed()) < 30 && Date.now() < deadline) await sleep(20);
-  expect(await landed(), "messages stored while their acks are held back").toBe(30);
-  proxy.cut();
-  const lostAcks = await inFlight;
-  expect([...lostAcks.values()], "calls whose ack was lost").toEqual(
-    ids.slice(20, 30).map(() => "transient"),
-  );
-
-  // No settling pause: cut() has destroyed every socket and refuses new ones, so no call from here on can
-  // land, and each must fail as transient whether or not the client library has noticed the drop yet.
-  const during = await outcomes(relay, ids.slice(30), queue);
-  expect([...during.values()], "calls during the outage").toEqual(ids.slice(30).map(() => "transient"));
-
-  proxy.restore();
-  await retryUntilDelivered(relay, ids.slice(20), queue);
-  return new Set(ids.slice(20, 30));
-}
-
-/** Each id exactly once, except `twice`: exactly two copies of those. */
-function expectDelivered(delivered: string[], ids: string[], twice: ReadonlySet<string> = new Set()) {
-  const counts = new Map<string, number>();
-  for (const id of delivered) counts.set(id, (counts.get(id) ?? 0) + 1);
-  expect([...counts.keys()].sort()).toEqual([...ids].sort());
-  const wrong = [...counts].filter(([id, n]) => n !== (twice.has(id) ? 2 : 1));
-  expect(wrong, "ids delivered a wrong number of times [id, copies]").toEqual([]);
-}
-
 const { redisDown, natsDown, rabbitDown } = await probeBrokers("relays.test");
 
-/** Relays and proxies made in a test are closed after it, even when it fails. */
-const relays: Relay[] = [];
-const proxies: TcpProxy[] = [];
-afterEach(async () => {
-  await Promise.all(relays.splice(0).map((r) => r.close()));
-  await Promise.all(proxies.splice(0).map((p) => p.close()));
-});
-
-async function relay(config: Parameters<typeof createRelay>[0]): Promise<Relay> {
-  const created = await createRelay(config, { logger });
-  relays.push(created);
-  return created;
-}
-
-async function proxyTo(port: number): Promise<TcpProxy> {
-  const proxy = await startTcpProxy({ host: HOST, port });
-  proxies.push(proxy);
-  return proxy;
-}
+const { outcome, outcomes, retryUntilDelivered, burstThroughOutage } = relayScenarios(context);
+const { relay, proxyTo, closeAfter } = trackRelays(logger);
 
 describe("relay config", () => {
   it("reports every bad field and never echoes a secret", async () => {
@@ -372,7 +271,7 @@ describe.skipIf(redisDown !== undefined)("redis relay", () => {
       { type: "redis", url: `redis://${HOST}:${REDIS_PORT}`, stream },
       { logger, source: "/outbox/shop/public" },
     );
-    relays.push(relayed);
+    closeAfter(relayed);
     const [id = ""] = newIds(1);
     await relayed.handler(null, context(id, "orders"));
     const [row] = await entries(stream);
