@@ -3,7 +3,7 @@
  * and a no-op handler, as a replica of `outbox-worker run` would be), runs interleaved (1, 2, 4, 1, 2, 4, …).
  * Reports rows/s (median and range), where the CPU went (the worker processes vs the Postgres server's
  * processes, from process.cpuUsage() of each child and /proc/<pid>/stat of every `postgres` process) and the
- * most connections the workers held at once (pg_stat_activity, by application_name).
+ * most connections the workers held at once (pg_stat_activity, by application_name: pools and LISTEN).
  *
  *   npx tsx bench/replicas.ts [--rows 100000] [--runs 3] [--replicas 1,2,4]
  *
@@ -127,7 +127,9 @@ async function run(replicas: number, rows: number): Promise<RunResult> {
     for (;;) {
       const r = await admin.query<{ left: number; conns: number }>(
         `SELECT (SELECT count(*)::int FROM ${names.messages}) AS left,
-                (SELECT count(*)::int FROM pg_stat_activity WHERE application_name LIKE 'outbox-worker bench-replica-%') AS conns`,
+                (SELECT count(*)::int FROM pg_stat_activity
+                 WHERE application_name LIKE 'outbox-worker bench-replica-%'
+                    OR application_name LIKE 'outbox-listen bench-replica-%') AS conns`,
       );
       maxConnections = Math.max(maxConnections, r.rows[0]?.conns ?? 0);
       if (r.rows[0]?.left === 0) break;
