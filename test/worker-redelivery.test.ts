@@ -127,6 +127,9 @@ describe("a row this worker leases again after its own lease ran out", () => {
       proxy.restore();
 
       await until(async () => (await count("messages")) === 0, "every row acked", 20_000);
+      // The DELETE is visible before the worker reports it: after a failed attempt it first reads the rows'
+      // fate (did the lost answer carry this ack?), a round trip after the commit.
+      await until(() => acked.size === ids.length, "every ack reported");
       expect(await count("deadLetters")).toBe(0);
       expect([...acked].sort()).toEqual([...ids].sort());
       for (const id of ids) {
