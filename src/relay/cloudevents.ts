@@ -32,6 +32,17 @@ export interface CloudEventNaming {
   type: string;
 }
 
+/**
+ * A relay's naming: its config's `eventSource`, else the caller's (the service names its database and
+ * schema), else {@link DEFAULT_SOURCE}; its config's `eventType`.
+ */
+export function eventNaming(
+  config: { eventSource?: string | undefined; eventType: string },
+  deps: { source?: string | undefined },
+): CloudEventNaming {
+  return { source: config.eventSource ?? deps.source ?? DEFAULT_SOURCE, type: config.eventType };
+}
+
 /** The `source` when neither the relay config nor the caller names one. */
 export const DEFAULT_SOURCE = "/outbox";
 /** The `type` when the relay config names none: the queue's name. */

@@ -7,8 +7,8 @@ import {
   binaryAttributes,
   type CloudEventNaming,
   cloudEventAttributes,
-  DEFAULT_SOURCE,
   encodeHeaderValue,
+  eventNaming,
   isEventAttribute,
 } from "./cloudevents.js";
 import { httpRelayConfigSchema, parseRelayConfig, signingKey } from "./config.js";
@@ -127,7 +127,7 @@ export async function createHttpRelay(
   const config = parseRelayConfig(httpRelayConfigSchema, input);
   const url = displayUrl(config.url);
   const target = `${config.method} ${url}`;
-  const naming = { source: config.eventSource ?? deps.source ?? DEFAULT_SOURCE, type: config.eventType };
+  const naming = eventNaming(config, deps);
   const secrets =
     config.signingSecret === undefined
       ? []

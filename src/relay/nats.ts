@@ -17,8 +17,8 @@ import {
   binaryAttributes,
   type CloudEventNaming,
   cloudEventAttributes,
-  DEFAULT_SOURCE,
   encodeHeaderValue,
+  eventNaming,
   isEventAttribute,
 } from "./cloudevents.js";
 import { natsRelayConfigSchema, parseRelayConfig, QUEUE_PLACEHOLDER, renderTarget } from "./config.js";
@@ -68,10 +68,7 @@ export async function createNatsRelay(
   const shown = servers.map(redactConnectionString);
   const what = `nats ${shown.join(",")}`;
   const logger = deps.logger.child({ relay: "nats", servers: shown });
-  const naming: CloudEventNaming = {
-    source: config.eventSource ?? deps.source ?? DEFAULT_SOURCE,
-    type: config.eventType,
-  };
+  const naming = eventNaming(config, deps);
   const streamSubject = config.stream === undefined ? undefined : streamSubjectFor(config.subject);
   // With `{queue}` in the subject, the probe can only check the subject of the queue it serves.
   const probeSubject =

@@ -3,13 +3,7 @@ import type { z } from "zod";
 import type { MessageContext } from "../contract/handler.js";
 import { errorMessage, PermanentError, TransientError } from "../contract/handler-errors.js";
 import { redactConnectionString } from "../util/redact.js";
-import {
-  binaryAttributes,
-  type CloudEventNaming,
-  cloudEventAttributes,
-  DEFAULT_SOURCE,
-  isEventAttribute,
-} from "./cloudevents.js";
+import { binaryAttributes, cloudEventAttributes, eventNaming, isEventAttribute } from "./cloudevents.js";
 import { parseRelayConfig, QUEUE_PLACEHOLDER, rabbitmqRelayConfigSchema, renderTarget } from "./config.js";
 import { withDeadline } from "./deadline.js";
 import { type RelayHealth, RelayHealthTracker } from "./health.js";
@@ -52,10 +46,7 @@ export async function createRabbitmqRelay(
   const url = redactConnectionString(config.url);
   const what = `rabbitmq ${url}`;
   const logger = deps.logger.child({ relay: "rabbitmq", url });
-  const naming: CloudEventNaming = {
-    source: config.eventSource ?? deps.source ?? DEFAULT_SOURCE,
-    type: config.eventType,
-  };
+  const naming = eventNaming(config, deps);
   const logOnce = throttledLog(30_000);
   const health = new RelayHealthTracker(
     `${what} exchange "${config.exchange}" routing key "${config.routingKey}"`,

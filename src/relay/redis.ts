@@ -6,7 +6,7 @@ import { redactConnectionString } from "../util/redact.js";
 import {
   type CloudEventNaming,
   cloudEventAttributes,
-  DEFAULT_SOURCE,
+  eventNaming,
   isEventAttribute,
   structuredEvent,
 } from "./cloudevents.js";
@@ -36,10 +36,7 @@ export async function createRedisRelay(
   const config = parseRelayConfig(redisRelayConfigSchema, input);
   const url = redactConnectionString(config.url);
   const logger = deps.logger.child({ relay: "redis", url });
-  const naming: CloudEventNaming = {
-    source: config.eventSource ?? deps.source ?? DEFAULT_SOURCE,
-    type: config.eventType,
-  };
+  const naming = eventNaming(config, deps);
   const logOnce = throttledLog(30_000);
   const client = new Redis(config.url, {
     lazyConnect: true,
