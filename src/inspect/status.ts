@@ -1,23 +1,13 @@
-import { deadLetterAgesStatement } from "../sql/dead-letters.js";
 import { type Executor, runQuery } from "../sql/executor.js";
 import {
-  type QueueStatusRow,
+  type QueueStatusRow as QueueStatus,
   queueStatusStatement,
   type WorkerLeasesRow as WorkerLeases,
   workerLeasesStatement,
 } from "../sql/inspect.js";
 import { outboxNames } from "../sql/names.js";
 
-export type { WorkerLeasesRow as WorkerLeases } from "../sql/inspect.js";
-
-/** One queue's counts by state, as `status` prints them and the metrics gauges export them. */
-export interface QueueStatus extends QueueStatusRow {
-  /**
-   * Seconds since the queue's oldest dead letter died; null when it has none. With a dead-letter retention
-   * on, it stays below the retention (plus a run's cadence): above it, the retention job is not keeping up.
-   */
-  oldest_dead_age_s: number | null;
-}
+export type { QueueStatusRow as QueueStatus, WorkerLeasesRow as WorkerLeases } from "../sql/inspect.js";
 
 /**
  * Per-queue ready / scheduled / leased / expired / dead counts, the oldest ready age and the oldest dead
@@ -28,16 +18,7 @@ export interface QueueStatus extends QueueStatusRow {
  * @param schema - the outbox schema, usually `"outbox"` ({@link DEFAULT_SCHEMA})
  */
 export async function queueStatus(db: Executor, schema: string): Promise<QueueStatus[]> {
-  const names = outboxNames(schema);
-  // Two reads, one after the other (a Kysely instance or a client runs one at a time anyway); the ages
-  // come from the (queue, dead_at) index alone.
-  const rows = await runQuery(db, queueStatusStatement(names), {});
-  const ages = await runQuery(db, deadLetterAgesStatement(names), {});
-  const ageOf = new Map(ages.map((a) => [a.queue, a.oldest_dead_age_s]));
-  return rows.map((row) => ({
-    ...row,
-    oldest_dead_age_s: row.dead > 0 ? (ageOf.get(row.queue) ?? null) : null,
-  }));
+  return runQuery(db, queueStatusStatement(outboxNames(schema)), {});
 }
 
 /**

@@ -229,21 +229,3 @@ FROM ${names.deadLetters}`,
     () => [],
   );
 }
-
-/** Per queue: seconds since its oldest dead letter died. */
-export interface DeadLetterAgeRow {
-  queue: string;
-  oldest_dead_age_s: number;
-}
-
-/** The oldest dead letter's age per queue; queues without dead letters have no row. */
-export function deadLetterAgesStatement(names: OutboxNames): Query<NoParams, DeadLetterAgeRow> {
-  return defineQuery(
-    "dead_ages",
-    `SELECT queue, extract(epoch FROM now() - min(dead_at))::float8 AS oldest_dead_age_s
-FROM ${names.deadLetters}
-GROUP BY queue
-ORDER BY queue`,
-    () => [],
-  );
-}

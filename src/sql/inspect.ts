@@ -23,6 +23,11 @@ export interface QueueStatusRow {
   dead: number;
   /** Seconds since the oldest ready row became deliverable (its available_at); null when none is ready. */
   oldest_ready_age_s: number | null;
+  /**
+   * Seconds since the queue's oldest dead letter died; null when it has none. With a dead-letter retention
+   * on, it stays below the retention (plus a run's cadence): above it, the retention job is not keeping up.
+   */
+  oldest_dead_age_s: number | null;
 }
 
 /**
@@ -45,12 +50,13 @@ export function queueStatusStatement(names: OutboxNames): Query<NoParams, QueueS
   FROM ${names.messages}
   GROUP BY queue
 ), d AS (
-  SELECT queue, count(*)::int AS dead FROM ${names.deadLetters} GROUP BY queue
+  SELECT queue, count(*)::int AS dead, extract(epoch FROM now() - min(dead_at))::float8 AS oldest_dead_age_s
+  FROM ${names.deadLetters} GROUP BY queue
 )
 SELECT COALESCE(m.queue, d.queue) AS queue,
        COALESCE(m.ready, 0) AS ready, COALESCE(m.blocked, 0) AS blocked, COALESCE(m.scheduled, 0) AS scheduled,
        COALESCE(m.leased, 0) AS leased, COALESCE(m.expired, 0) AS expired,
-       COALESCE(d.dead, 0) AS dead, m.oldest_ready_age_s
+       COALESCE(d.dead, 0) AS dead, m.oldest_ready_age_s, d.oldest_dead_age_s
 FROM m FULL JOIN d ON d.queue = m.queue
 ORDER BY 1`,
     () => [],
