@@ -33,6 +33,7 @@ function context(queue = QUEUE): MessageContext {
     createdAt: new Date(),
     rawPayload: `{"id":${id}}`,
     signal: new AbortController().signal,
+    publish: () => {},
   };
 }
 

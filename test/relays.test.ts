@@ -40,6 +40,7 @@ function context(id: string, queue: string, key: string | null = `k-${id}`): Mes
     createdAt: new Date(),
     rawPayload: JSON.stringify(payloadOf(id)),
     signal: new AbortController().signal,
+    publish: () => {},
   };
 }
 

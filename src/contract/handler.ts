@@ -1,4 +1,7 @@
 import type { z } from "zod";
+import type { PublishOptions } from "../produce/publisher.js";
+import type { QueueDefinition } from "../produce/queue.js";
+import type { FollowUp } from "./follow-up.js";
 import type { RetryStrategy } from "./retry.js";
 
 /** What a handler gets besides its payload. */
@@ -22,13 +25,27 @@ export interface MessageContext {
    * lease: stop work, nothing will be saved.
    */
   signal: AbortSignal;
+  /**
+   * Publish a follow-up message atomically with this message's ack: it is validated now and inserted in
+   * the ack's transaction, under the same lease token, only if the handler succeeds and the ack lands.
+   * A retried or dead-lettered delivery publishes nothing. Same as returning {@link followUp}s.
+   */
+  publish<I, O>(queue: QueueDefinition<I, O> | string, payload: I, options?: PublishOptions): void;
 }
 
+/** What a handler may return: nothing, or follow-up messages to insert with its ack. */
+export type HandlerResult = void | undefined | FollowUp | readonly FollowUp[];
+
 /**
- * Delivers one message. Returning acknowledges it; throwing retries it (a {@link PermanentError}
- * dead-letters it at once, a {@link TransientError} retries it without counting towards `maxAttempts`).
+ * Delivers one message. Returning acknowledges it (with any {@link FollowUp}s returned or published
+ * through `message.publish`, inserted in the ack's transaction); throwing retries it (a
+ * {@link PermanentError} dead-letters it at once, a {@link TransientError} retries it without counting
+ * towards `maxAttempts`).
  */
-export type Handler<P = unknown> = (payload: P, message: MessageContext) => Promise<void> | void;
+export type Handler<P = unknown> = (
+  payload: P,
+  message: MessageContext,
+) => Promise<HandlerResult> | HandlerResult;
 
 /** One queue's handler and its per-queue settings, in `WorkerOptions.queues` (see {@link handle}). */
 export interface QueueConfig<P = unknown> {

@@ -69,6 +69,10 @@ class Context implements MessageContext {
     this.#held = held;
   }
 
+  publish(): void {
+    throw new Error("follow-up messages are not implemented yet");
+  }
+
   /** Made on first read: most handlers never look at it. */
   get createdAt(): Date {
     this.#createdAt ??= new Date(this.#held.row.created_epoch * 1000);

@@ -22,6 +22,7 @@ export function attributeMessage(id: string, queue: string, key: string | null):
     createdAt: new Date("2026-01-02T03:04:05.678Z"),
     rawPayload: '{"n":12345678901234567890,"s":"ü","a":[1, 2]}',
     signal: new AbortController().signal,
+    publish: () => {},
   };
 }
 

@@ -27,6 +27,7 @@ function message(overrides: Partial<MessageContext> = {}): MessageContext {
     createdAt,
     rawPayload: '{"total": 12345678901234567890, "items": ["a"]}',
     signal: new AbortController().signal,
+    publish: () => {},
     ...overrides,
   };
 }
