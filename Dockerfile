@@ -17,8 +17,11 @@ COPY --from=build /app/dist ./dist
 COPY migrations ./migrations
 COPY examples ./examples
 USER node
-# /healthz, /readyz and /metrics; `run` serves them on this port, and the healthcheck asks it.
+# /healthz, /readyz and /metrics; `run` serves them on this port, and the healthcheck asks it. Outside a
+# container the server binds 127.0.0.1 by default; here the container's network is the boundary, and a
+# published port or a probe reaches only an address bound on every interface.
 ENV OUTBOX_HTTP_PORT=9464
+ENV OUTBOX_HTTP_HOST=0.0.0.0
 EXPOSE 9464
 # The CLI asks /readyz on 127.0.0.1 (no curl in the image), giving up after 3 s: healthy once the worker
 # can deliver. Services of this image that run something else (migrate, a producer) turn it off.

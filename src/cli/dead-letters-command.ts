@@ -9,6 +9,7 @@ import {
 } from "../inspect/dead-letters.js";
 import { MAX_LIMIT } from "../inspect/peek.js";
 import { DEFAULT_SCHEMA } from "../sql/names.js";
+import { parseDuration as parseAge } from "../util/duration.js";
 import { parseCommandArgs, UsageError, withDatabase } from "./args.js";
 import { cell, formatAge, jsonCell, printJson, renderTable, safeText } from "./format.js";
 import { type CliIo, print, printError } from "./io.js";
@@ -55,17 +56,13 @@ function parseId(text: string, flag: string): string {
   return text;
 }
 
-const UNIT_MS = { s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
-
 /** --older-than: a positive whole number and one unit, nothing else ("7d", "12h", "30m", "90s"). */
 export function parseDuration(text: string, flag = "--older-than"): number {
-  const match = /^([1-9][0-9]{0,5})([smhd])$/.exec(text);
-  if (!match) {
-    throw new UsageError(
-      `${flag} must be a positive whole number followed by s, m, h or d (e.g. 30m, 12h, 7d), got ${JSON.stringify(text)}`,
-    );
+  try {
+    return parseAge(text, flag);
+  } catch (error) {
+    throw new UsageError((error as Error).message);
   }
-  return Number(match[1]) * UNIT_MS[match[2] as keyof typeof UNIT_MS];
 }
 
 function count(n: number): string {

@@ -95,6 +95,35 @@ const workerSchema = z.strictObject(workerTuningShape).superRefine((worker, ctx)
   }
 });
 
+/** Where the HTTP server binds unless http.host says otherwise. */
+export const DEFAULT_HTTP_HOST = "127.0.0.1";
+
+/** The paths the HTTP server serves itself: a console prefix must not shadow one of them. */
+const SERVICE_PATHS = ["/healthz", "/readyz", "/metrics"];
+
+/** A token is compared as text in an Authorization header: long enough not to be guessed. */
+const consoleToken = z.string().min(16, { message: "must be at least 16 characters (use a random token)" });
+
+const consoleSchema = z.strictObject({
+  enabled: z.boolean().default(false),
+  pathPrefix: z
+    .string()
+    .default("/console")
+    .superRefine((value, ctx) => {
+      // The prefix is written into the page's HTML and its links: a plain path only.
+      if (!/^(\/[A-Za-z0-9._~-]+)+$/.test(value)) {
+        ctx.addIssue({
+          code: "custom",
+          message: `must start with "/", have no trailing slash and only letters, digits, ".", "_", "~", "-" between slashes, got ${JSON.stringify(value)}`,
+        });
+      } else if (SERVICE_PATHS.some((p) => value === p || value.startsWith(`${p}/`))) {
+        ctx.addIssue({ code: "custom", message: `must not clash with ${SERVICE_PATHS.join(", ")}` });
+      }
+    }),
+  writeToken: consoleToken.optional(),
+  readToken: consoleToken.optional(),
+});
+
 // Every check sits on its own field, none on the whole object: zod skips an object's refinements once
 // any of its fields is wrong, and a bad log level must not hide a bad schema name (all are listed at once).
 export const serviceConfigSchema = z.strictObject({
@@ -122,10 +151,13 @@ export const serviceConfigSchema = z.strictObject({
   http: z
     .strictObject({
       port: z.number().int().min(0).max(65_535).optional(),
-      host: z.string().min(1).default("0.0.0.0"),
+      // Loopback unless told otherwise: /metrics and the console must not face a network by accident.
+      // A container sets OUTBOX_HTTP_HOST=0.0.0.0 (its network namespace is the boundary).
+      host: z.string().min(1).default(DEFAULT_HTTP_HOST),
       gaugeIntervalMs: z.number().int().min(100).max(3_600_000).default(5000),
     })
-    .default({ host: "0.0.0.0", gaugeIntervalMs: 5000 }),
+    .default({ host: DEFAULT_HTTP_HOST, gaugeIntervalMs: 5000 }),
+  console: consoleSchema.default(() => consoleSchema.parse({})),
   log: z
     .strictObject({ level: z.enum(LOG_LEVELS).default("info"), pretty: z.boolean().optional() })
     .default({ level: "info" }),
@@ -248,19 +280,44 @@ export const configFields: ConfigField[] = [
     path: "http.port",
     env: "OUTBOX_HTTP_PORT",
     type: "integer",
-    description: "port for /healthz, /readyz, /metrics; unset: no HTTP server",
+    description: "port for /healthz, /readyz, /metrics and the console; unset: no HTTP server",
   },
   {
     path: "http.host",
     env: "OUTBOX_HTTP_HOST",
     type: "string",
-    description: "address the HTTP server binds",
+    description:
+      "address the HTTP server binds; 0.0.0.0 to be reached from outside (the Docker image sets it)",
   },
   {
     path: "http.gaugeIntervalMs",
     env: "OUTBOX_GAUGE_INTERVAL_MS",
     type: "integer",
     description: "how often the backlog gauges are queried",
+  },
+  {
+    path: "console.enabled",
+    env: "OUTBOX_CONSOLE_ENABLED",
+    type: "boolean",
+    description: "serve the operator web console on the HTTP server (needs http.port)",
+  },
+  {
+    path: "console.pathPrefix",
+    env: "OUTBOX_CONSOLE_PATH_PREFIX",
+    type: "string",
+    description: "the console's path prefix",
+  },
+  {
+    path: "console.writeToken",
+    env: "OUTBOX_CONSOLE_WRITE_TOKEN",
+    type: "string",
+    description: "secret bearer token for replay and purge (and reads); unset: the console is read-only",
+  },
+  {
+    path: "console.readToken",
+    env: "OUTBOX_CONSOLE_READ_TOKEN",
+    type: "string",
+    description: "secret bearer token every console read needs; unset: reads are open",
   },
   { path: "log.level", env: "OUTBOX_LOG_LEVEL", type: "enum", description: LOG_LEVELS.join(", ") },
   {
@@ -414,6 +471,17 @@ function unknownVariables(env: NodeJS.ProcessEnv): string[] {
   return problems.sort();
 }
 
+/** Checks between fields, run once every field is valid on its own. */
+export function crossFieldProblems(config: ServiceConfig): string[] {
+  const problems: string[] = [];
+  if (config.console.enabled && config.http.port === undefined) {
+    problems.push(
+      "console.enabled (OUTBOX_CONSOLE_ENABLED): the console is served by the HTTP server: set http.port (OUTBOX_HTTP_PORT) too",
+    );
+  }
+  return problems;
+}
+
 /**
  * File, then environment, then flags. Every problem is collected and reported at once, before anything
  * connects, each with its field and environment variable; an OUTBOX_ variable that is no field is one.
@@ -452,6 +520,7 @@ export async function loadServiceConfig(options: {
       }
     }
   }
+  if (parsed.success) problems.push(...crossFieldProblems(parsed.data));
   if (problems.length > 0 || !parsed.success) throw new ConfigError(problems);
   return parsed.data;
 }

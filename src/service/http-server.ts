@@ -2,14 +2,18 @@ import { createServer, type IncomingMessage, type ServerResponse } from "node:ht
 import type { AddressInfo } from "node:net";
 import pino, { type Logger } from "pino";
 import type { Registry } from "prom-client";
+import type { ConsoleHandler } from "../console/console.js";
 
 export interface HttpServerOptions {
   /** 0 picks a free port; the real one is returned. */
   port: number;
+  /** Default 127.0.0.1 (DEFAULT_HOST): a container or a remote scrape asks for more on purpose. */
   host?: string;
   metrics: { registry: Registry };
   readiness: { check(): Promise<{ ready: boolean }> };
   logger?: Logger;
+  /** The operator console, served under its own prefix when given. */
+  console?: ConsoleHandler;
   /** How long close() lets requests in flight finish before cutting their connections. */
   closeGraceMs?: number;
 }
@@ -21,6 +25,8 @@ export interface HttpServer {
 }
 
 const DEFAULT_CLOSE_GRACE_MS = 2000;
+/** Loopback: metrics, probes and the console are not for the network unless the config says so. */
+export const DEFAULT_HOST = "127.0.0.1";
 const ROUTES = new Set(["/healthz", "/readyz", "/metrics"]);
 
 function send(res: ServerResponse, status: number, contentType: string, body: string) {
@@ -35,13 +41,14 @@ function send(res: ServerResponse, status: number, contentType: string, body: st
 const json = (res: ServerResponse, status: number, value: unknown) =>
   send(res, status, "application/json; charset=utf-8", JSON.stringify(value));
 
-/** /healthz, /readyz and /metrics on node:http: nothing else is served. */
+/** /healthz, /readyz and /metrics on node:http, and the console under its prefix when on: nothing else. */
 export function startHttpServer(opts: HttpServerOptions): Promise<HttpServer> {
   const log = opts.logger ?? pino({ name: "outbox-http" });
   const graceMs = opts.closeGraceMs ?? DEFAULT_CLOSE_GRACE_MS;
 
   async function route(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const path = new URL(req.url ?? "/", "http://localhost").pathname;
+    if (opts.console?.owns(path)) return opts.console.handle(req, res, path);
     if (!ROUTES.has(path)) return json(res, 404, { error: "not found" });
     if (req.method !== "GET") {
       res.setHeader("allow", "GET");
@@ -71,11 +78,12 @@ export function startHttpServer(opts: HttpServerOptions): Promise<HttpServer> {
 
   return new Promise((resolve, reject) => {
     server.once("error", reject);
-    server.listen(opts.port, opts.host ?? "0.0.0.0", () => {
+    const host = opts.host ?? DEFAULT_HOST;
+    server.listen(opts.port, host, () => {
       server.off("error", reject);
       server.on("error", (error) => log.warn({ err: error }, "service http server error"));
       const { port } = server.address() as AddressInfo;
-      log.debug({ port, host: opts.host ?? "0.0.0.0" }, "service endpoints listening");
+      log.debug({ port, host }, "service endpoints listening");
       let closing: Promise<void> | undefined;
       resolve({
         port,

@@ -6,8 +6,11 @@ import type { ServiceConfig } from "./config.js";
  * /readyz and CLI output mask it wherever it turns up, with or without its URL around it.
  */
 export function registerConfigSecrets(
-  config: Pick<ServiceConfig, "databaseUrl" | "listenUrl" | "relays">,
+  config: Pick<ServiceConfig, "databaseUrl" | "listenUrl" | "relays"> &
+    Partial<Pick<ServiceConfig, "console">>,
 ): void {
+  // The console's bearer tokens: a request log or an error quoting a header must not show them.
+  registerSecrets(config.console?.writeToken, config.console?.readToken);
   registerUrlSecrets(config.databaseUrl);
   registerUrlSecrets(config.listenUrl);
   for (const relay of Object.values(config.relays)) {

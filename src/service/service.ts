@@ -1,5 +1,7 @@
 import pg from "pg";
 import type { Logger } from "pino";
+import { type ConsoleHandler, createConsole } from "../console/console.js";
+import { createHistory } from "../console/history.js";
 import { type EmbeddedPostgresHandle, startEmbeddedPostgres } from "../embedded/embedded-postgres.js";
 import { migrate } from "../migrate/migrator.js";
 import { defaultEventSource } from "../relay/cloudevents.js";
@@ -8,7 +10,7 @@ import type { Relay } from "../relay/relay.js";
 import { redactConnectionString, registerUrlSecrets } from "../util/redact.js";
 import { defaultQueryTimeoutMs } from "../worker/options.js";
 import { createWorker, type StopResult, type Worker } from "../worker/worker.js";
-import { ConfigError, type ServiceConfig } from "./config.js";
+import { ConfigError, crossFieldProblems, type ServiceConfig } from "./config.js";
 import { createDeadLetterRetention, type DeadLetterRetention } from "./dead-letter-retention.js";
 import { loadHandlersModule, type QueueHandlers } from "./handlers-module.js";
 import { startHttpServer } from "./http-server.js";
@@ -29,6 +31,9 @@ export interface RunningService {
 export async function startService(config: ServiceConfig, log: Logger): Promise<RunningService> {
   // First, so that no log line or stored error of this process can show one of them.
   registerConfigSecrets(config);
+  // A config built in code skips loadServiceConfig: the same checks between fields, before anything starts.
+  const crossField = crossFieldProblems(config);
+  if (crossField.length) throw new ConfigError(crossField);
   // Handlers and relays first: a wrong module or relay is a config error, reported before connecting.
   const handlers: QueueHandlers = config.handlers ? await loadHandlersModule(config.handlers) : {};
   const clash = Object.keys(config.relays).filter((q) => q in handlers);
@@ -151,18 +156,57 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
       markStopping = () => readiness.markStopping();
       metrics.start();
       closers.push(() => metrics.stop());
+      let consoleHandler: ConsoleHandler | undefined;
+      if (config.console.enabled) {
+        // Its own two connections: a page left open, or a slow dead-letter scan, never takes one the
+        // worker counts on.
+        const consolePool = new pg.Pool({
+          connectionString: url,
+          max: 2,
+          application_name: "outbox-console",
+          connectionTimeoutMillis: queryTimeoutMs,
+          query_timeout: Math.max(queryTimeoutMs, 10_000),
+        });
+        consolePool.on("error", (error) => log.warn({ err: error }, "idle console connection failed"));
+        closers.push(() => consolePool.end());
+        const history = createHistory({ db: consolePool, schema: config.schema, logger: log });
+        history.observe(worker);
+        history.start();
+        closers.push(() => history.stop());
+        consoleHandler = createConsole({
+          db: consolePool,
+          schema: config.schema,
+          pathPrefix: config.console.pathPrefix,
+          writeToken: config.console.writeToken,
+          readToken: config.console.readToken,
+          history,
+          logger: log,
+        });
+      }
       const server = await startHttpServer({
         port: config.http.port,
         host: config.http.host,
         metrics,
         readiness,
         logger: log,
+        console: consoleHandler,
       });
       closers.push(() => server.close());
       httpPort = server.port;
       log.info(
-        { port: httpPort, host: config.http.host },
-        "http server listening: /healthz /readyz /metrics",
+        {
+          port: httpPort,
+          host: config.http.host,
+          // Whether writes are possible, never the tokens themselves.
+          console: consoleHandler
+            ? {
+                path: config.console.pathPrefix,
+                writes: config.console.writeToken !== undefined,
+                readToken: config.console.readToken !== undefined,
+              }
+            : false,
+        },
+        `http server listening: /healthz /readyz /metrics${consoleHandler ? ` ${config.console.pathPrefix}/` : ""}`,
       );
     }
 

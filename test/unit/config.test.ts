@@ -24,7 +24,8 @@ describe("service config", () => {
       migrate: false,
       relays: {},
       worker: { concurrency: 10, batchSize: 500, leaseTtlMs: 30_000, listen: true },
-      http: { host: "0.0.0.0", gaugeIntervalMs: 5000 },
+      http: { host: "127.0.0.1", gaugeIntervalMs: 5000 },
+      console: { enabled: false, pathPrefix: "/console" },
       log: { level: "info" },
     });
     expect(config.databaseUrl).toBeUndefined();

@@ -9,6 +9,7 @@ import { describe, expect, it } from "vitest";
  */
 /** The service sits on everything but the CLI; the CLI on everything. */
 const SERVICE_IMPORTS = [
+  "console",
   "worker",
   "relay",
   "inspect",
@@ -38,6 +39,7 @@ const ALLOWED: Record<string, readonly string[]> = {
   worker: ["fetch", "dispatch", "complete", "lease", "notify", "produce", "retry", "sql", "contract", "util"],
   relay: ["contract", "util"],
   inspect: ["sql", "migrate", "contract", "util"],
+  console: ["inspect", "worker", "sql", "contract", "util"],
   service: SERVICE_IMPORTS,
   cli: ["service", ...SERVICE_IMPORTS],
 };

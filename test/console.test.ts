@@ -1,0 +1,412 @@
+import { networkInterfaces } from "node:os";
+import path from "node:path";
+import type { Logger } from "pino";
+import type { Browser } from "playwright-core";
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { createHistory } from "../src/console/history.js";
+import { ConfigError, loadServiceConfig, serviceConfigSchema } from "../src/service/config.js";
+import { type RunningService, startService } from "../src/service/service.js";
+import type { Worker } from "../src/worker/worker.js";
+import { HOSTILE_ERROR, HOSTILE_PAYLOAD, SEEDED_COUNTS, seedConsoleDemo } from "./console-seed.js";
+import { chromiumMissing, launchChromium } from "./helpers/chromium.js";
+import { runCli } from "./helpers/cli-in-process.js";
+import { testDatabase } from "./helpers/database.js";
+import { type LogLine, memoryLogger } from "./helpers/memory-logger.js";
+
+const db = testDatabase("cons");
+const WRITE_TOKEN = "w-token-0123456789abcdef";
+const READ_TOKEN = "r-token-0123456789abcdef";
+let ids: { hostile: string; others: string[] };
+
+beforeAll(async () => {
+  await db.migrate();
+  ids = await seedConsoleDemo(db.pool, db.schema);
+});
+
+const running: RunningService[] = [];
+afterEach(async () => {
+  for (const service of running.splice(0)) await service.stop();
+});
+
+/** The real service (worker, HTTP server, console) on this file's schema; the seeded queues have no handler. */
+async function serve(console: Record<string, unknown> | undefined, logger?: Logger, host?: string) {
+  const log = logger ?? memoryLogger().logger;
+  const config = serviceConfigSchema.parse({
+    databaseUrl: db.url,
+    schema: db.schema,
+    handlers: path.resolve("test/fixtures/handlers.ts"),
+    http: { port: 0, ...(host ? { host } : {}) },
+    ...(console ? { console } : {}),
+  });
+  const service = await startService(config, log);
+  running.push(service);
+  const base = `http://127.0.0.1:${service.httpPort}`;
+  return { service, base };
+}
+
+async function get(url: string, token?: string) {
+  const res = await fetch(url, { headers: token ? { authorization: `Bearer ${token}` } : {} });
+  return { status: res.status, headers: res.headers, text: await res.text() };
+}
+
+async function post(url: string, body: unknown, token?: string) {
+  const res = await fetch(url, {
+    method: "POST",
+    headers: { "content-type": "application/json", ...(token ? { authorization: `Bearer ${token}` } : {}) },
+    body: JSON.stringify(body),
+  });
+  return { status: res.status, text: await res.text() };
+}
+
+async function problemsOf(env: Record<string, string>): Promise<string[]> {
+  try {
+    await loadServiceConfig({ env });
+  } catch (error) {
+    if (error instanceof ConfigError) return error.problems;
+    throw error;
+  }
+  throw new Error("expected a ConfigError");
+}
+
+async function rowCounts(id: string) {
+  const { rows } = await db.pool.query<{ m: number; d: number }>(
+    `SELECT (SELECT count(*)::int FROM ${db.names.messages} WHERE id = $1) AS m,
+            (SELECT count(*)::int FROM ${db.names.deadLetters} WHERE id = $1) AS d`,
+    [id],
+  );
+  return rows[0];
+}
+
+describe("console config", () => {
+  it("is off by default, binds 127.0.0.1 by default, and refuses bad settings naming the field", async () => {
+    const config = await loadServiceConfig({ env: {} });
+    expect(config.console).toEqual({ enabled: false, pathPrefix: "/console" });
+    expect(config.http.host).toBe("127.0.0.1");
+
+    expect(await problemsOf({ OUTBOX_CONSOLE_ENABLED: "true" })).toEqual([
+      expect.stringMatching(
+        /^console\.enabled \(OUTBOX_CONSOLE_ENABLED\): .*set http\.port \(OUTBOX_HTTP_PORT\)/,
+      ),
+    ]);
+    for (const prefix of ["console", "/console/", "/metrics", "/healthz/x", "/a b", '/"><script>']) {
+      const problems = await problemsOf({ OUTBOX_HTTP_PORT: "1", OUTBOX_CONSOLE_PATH_PREFIX: prefix });
+      expect(problems, prefix).toEqual([
+        expect.stringMatching(/^console\.pathPrefix \(OUTBOX_CONSOLE_PATH_PREFIX\): /),
+      ]);
+    }
+    const short = await problemsOf({ OUTBOX_CONSOLE_WRITE_TOKEN: "short-secret" });
+    expect(short).toEqual([
+      expect.stringMatching(/^console\.writeToken \(OUTBOX_CONSOLE_WRITE_TOKEN\): must be at least 16/),
+    ]);
+    // The refused value is a secret: never quoted back.
+    expect(short.join("\n")).not.toContain("short-secret");
+  });
+});
+
+describe("console history (the chart's samples)", () => {
+  it("samples the ready backlog and the rate of the observed worker's acks and dead letters", async () => {
+    const listeners = new Map<string, () => void>();
+    const worker = {
+      on(event: string, listener: () => void) {
+        listeners.set(event, listener);
+        return () => listeners.delete(event);
+      },
+    } as unknown as Worker;
+    const history = createHistory({ db: db.pool, schema: db.schema, intervalMs: 100 });
+    const off = history.observe(worker);
+    history.start();
+    try {
+      await expect.poll(() => history.samples().length).toBeGreaterThanOrEqual(1);
+      for (let i = 0; i < 20; i++) listeners.get("acked")?.();
+      listeners.get("dead_lettered")?.();
+      await expect.poll(() => history.samples().some((s) => s.deliveredPerSec > 0)).toBe(true);
+      const ready = Object.values(SEEDED_COUNTS).reduce((n, c) => n + c.ready, 0);
+      const busy = history.samples().find((s) => s.deliveredPerSec > 0);
+      expect(busy).toMatchObject({ ready });
+      expect(busy?.deadPerSec).toBeGreaterThan(0);
+      off();
+      expect(listeners.size).toBe(0);
+    } finally {
+      await history.stop();
+    }
+  });
+});
+
+describe("console over HTTP", () => {
+  it("`run` with the console on but no HTTP port exits 2 naming both settings", async () => {
+    const result = await runCli(["run", "--handlers", "test/fixtures/handlers.ts"], {
+      ...process.env,
+      DATABASE_URL: db.url,
+      OUTBOX_SCHEMA: db.schema,
+      OUTBOX_HTTP_PORT: undefined,
+      OUTBOX_CONSOLE_ENABLED: "true",
+      OUTBOX_CONSOLE_WRITE_TOKEN: WRITE_TOKEN,
+    });
+    expect(result.code).toBe(2);
+    expect(result.stderr).toMatch(
+      /console\.enabled \(OUTBOX_CONSOLE_ENABLED\).*http\.port \(OUTBOX_HTTP_PORT\)/,
+    );
+    expect(result.stdout + result.stderr).not.toContain(WRITE_TOKEN);
+  });
+
+  it("answers 404 under the prefix when not enabled; the probes are unchanged", async () => {
+    const { base } = await serve(undefined);
+    expect((await get(`${base}/console/`)).status).toBe(404);
+    expect((await get(`${base}/console/api/status`)).status).toBe(404);
+    expect((await get(`${base}/healthz`)).status).toBe(200);
+  });
+
+  it("binds 127.0.0.1 unless told otherwise", async () => {
+    const { lines, logger } = memoryLogger();
+    const { service, base } = await serve({ enabled: true }, logger);
+    expect((await get(`${base}/console/`)).status).toBe(200);
+    const listening = lines.find((l) => l.msg.startsWith("http server listening"));
+    expect(listening).toMatchObject({ host: "127.0.0.1", console: { path: "/console", writes: false } });
+    const external = Object.values(networkInterfaces())
+      .flat()
+      .find((i) => i && i.family === "IPv4" && !i.internal)?.address;
+    if (external) {
+      await expect(fetch(`http://${external}:${service.httpPort}/healthz`)).rejects.toThrow();
+    } else {
+      console.warn(
+        "console.test: no non-loopback IPv4 address here: the refused-from-outside check is skipped",
+      );
+    }
+  });
+
+  it("serves the page, script and style with a strict CSP, and open reads of the seeded state", async () => {
+    const { base } = await serve({ enabled: true, writeToken: WRITE_TOKEN });
+    expect((await fetch(`${base}/console`, { redirect: "manual" })).headers.get("location")).toBe(
+      "/console/",
+    );
+    const page = await get(`${base}/console/`);
+    expect(page.status).toBe(200);
+    expect(page.headers.get("content-type")).toMatch(/^text\/html/);
+    expect(page.text).toContain('<script src="/console/console.js" defer></script>');
+    for (const [p, type] of [
+      ["/console/", /^text\/html/],
+      ["/console/console.js", /^text\/javascript/],
+      ["/console/console.css", /^text\/css/],
+      ["/console/api/status", /^application\/json/],
+    ] as const) {
+      const res = await get(`${base}${p}`);
+      expect(res.status, p).toBe(200);
+      expect(res.headers.get("content-type"), p).toMatch(type);
+      const csp = res.headers.get("content-security-policy") ?? "";
+      for (const directive of [
+        "default-src 'none'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "connect-src 'self'",
+        "img-src 'self' data:",
+        "frame-ancestors 'none'",
+      ]) {
+        expect(csp, p).toContain(directive);
+      }
+      expect(res.headers.get("x-content-type-options"), p).toBe("nosniff");
+      expect(res.headers.get("referrer-policy"), p).toBe("no-referrer");
+    }
+
+    const status = JSON.parse((await get(`${base}/console/api/status`)).text);
+    expect(status.writable).toBe(true);
+    for (const [queue, counts] of Object.entries(SEEDED_COUNTS)) {
+      expect(
+        status.queues.find((q: { queue: string }) => q.queue === queue),
+        queue,
+      ).toMatchObject(counts);
+    }
+    expect(status.workers).toEqual(
+      expect.arrayContaining([
+        expect.objectContaining({ worker: "worker-a", held: 3, expired: 0 }),
+        expect.objectContaining({ worker: "worker-b", held: 1, expired: 1 }),
+      ]),
+    );
+    const peek = JSON.parse((await get(`${base}/console/api/peek?queue=orders&state=ready`)).text);
+    expect(peek).toHaveLength(SEEDED_COUNTS.orders.ready);
+    const rejected = JSON.parse(
+      (await get(`${base}/console/api/dead-letters?queue=orders&reason=rejected`)).text,
+    );
+    expect(rejected.map((d: { id: string }) => d.id)).toEqual([ids.hostile]);
+    const one = JSON.parse((await get(`${base}/console/api/dead-letters/${ids.hostile}`)).text);
+    expect(one).toMatchObject({ id: ids.hostile, payload: HOSTILE_PAYLOAD, error: HOSTILE_ERROR });
+    expect((await get(`${base}/console/api/dead-letters/999999999`)).status).toBe(404);
+    const bad = await get(`${base}/console/api/dead-letters/abc`);
+    expect(bad.status).toBe(400);
+    expect(JSON.parse(bad.text).error).toMatch(/id: must be a positive whole number/);
+    expect((await get(`${base}/console/api/peek?state=nonsense`)).status).toBe(400);
+    expect((await get(`${base}/console/nothing-here`)).status).toBe(404);
+  });
+
+  it("serves under another prefix, and nothing of it under the default one", async () => {
+    const { base } = await serve({ enabled: true, pathPrefix: "/ops/outbox" });
+    const page = await get(`${base}/ops/outbox/`);
+    expect(page.status).toBe(200);
+    expect(page.text).toContain('<script src="/ops/outbox/console.js" defer></script>');
+    expect((await get(`${base}/ops/outbox/api/status`)).status).toBe(200);
+    expect((await get(`${base}/console/`)).status).toBe(404);
+    expect((await get(`${base}/ops/outboxes`)).status).toBe(404);
+    expect((await get(`${base}/metrics`)).status).toBe(200);
+  });
+
+  it("refuses writes when no write token is configured, saying so", async () => {
+    const { base } = await serve({ enabled: true });
+    const status = JSON.parse((await get(`${base}/console/api/status`)).text);
+    expect(status.writable).toBe(false);
+    for (const action of ["replay", "purge"]) {
+      const res = await post(
+        `${base}/console/api/dead-letters/${action}`,
+        { all: true, dryRun: true },
+        "anything-at-all-x",
+      );
+      expect(res.status, action).toBe(403);
+      expect(JSON.parse(res.text).error).toMatch(/writes are disabled: no write token is configured/);
+    }
+  });
+
+  it("with a read token, every read needs it (or the write token); the page shell stays open", async () => {
+    const { base } = await serve({ enabled: true, readToken: READ_TOKEN, writeToken: WRITE_TOKEN });
+    expect((await get(`${base}/console/`)).status).toBe(200);
+    expect((await get(`${base}/console/console.js`)).status).toBe(200);
+    for (const p of [
+      "/api/status",
+      "/api/workers",
+      "/api/peek",
+      "/api/dead-letters",
+      `/api/dead-letters/${ids.hostile}`,
+    ]) {
+      const none = await get(`${base}/console${p}`);
+      expect(none.status, p).toBe(401);
+      expect(none.headers.get("www-authenticate"), p).toMatch(/^Bearer/);
+      expect((await get(`${base}/console${p}`, "wrong-token-0123456789")).status, p).toBe(403);
+      expect((await get(`${base}/console${p}`, READ_TOKEN)).status, p).toBe(200);
+      expect((await get(`${base}/console${p}`, WRITE_TOKEN)).status, p).toBe(200);
+    }
+  });
+
+  it("writes need the write token: 401 without, 403 wrong or read-only; dry runs count, real calls act", async () => {
+    const { lines, logger } = memoryLogger();
+    const { base } = await serve({ enabled: true, readToken: READ_TOKEN, writeToken: WRITE_TOKEN }, logger);
+    const replay = `${base}/console/api/dead-letters/replay`;
+    const target = ids.others[1] as string;
+    const bodies: string[] = [];
+    const tracked = async (r: Promise<{ status: number; text: string }>) => {
+      const res = await r;
+      bodies.push(res.text);
+      return res;
+    };
+    expect((await tracked(post(replay, { ids: [target] }))).status).toBe(401);
+    expect((await tracked(post(replay, { ids: [target] }, "wrong-token-0123456789"))).status).toBe(403);
+    expect((await tracked(post(replay, { ids: [target] }, READ_TOKEN))).status).toBe(403);
+    expect(await rowCounts(target)).toEqual({ m: 0, d: 1 });
+
+    // The confirmation's count: the same function as the CLI, changing nothing.
+    const dry = await tracked(post(replay, { ids: [target], dryRun: true }, WRITE_TOKEN));
+    expect(JSON.parse(dry.text)).toMatchObject({
+      dryRun: true,
+      replayed: 1,
+      queues: [{ queue: "mail", replayed: 1 }],
+    });
+    expect(await rowCounts(target)).toEqual({ m: 0, d: 1 });
+    const done = await tracked(post(replay, { ids: [target] }, WRITE_TOKEN));
+    expect(JSON.parse(done.text)).toMatchObject({ dryRun: false, replayed: 1 });
+    expect(await rowCounts(target)).toEqual({ m: 1, d: 0 });
+
+    // A filterless replay is refused (the library wants { all: true }), as a 400 with its reason.
+    const unfiltered = await tracked(post(replay, {}, WRITE_TOKEN));
+    expect(unfiltered.status).toBe(400);
+    expect(JSON.parse(unfiltered.text).error).toMatch(/all: true/);
+
+    const purge = `${base}/console/api/dead-letters/purge`;
+    const older = ids.others[0] as string; // 3 days old
+    const dryPurge = await tracked(
+      post(purge, { olderThan: "1d", queue: "orders", dryRun: true }, WRITE_TOKEN),
+    );
+    expect(JSON.parse(dryPurge.text)).toMatchObject({ dryRun: true, purged: 1 });
+    expect(await rowCounts(older)).toEqual({ m: 0, d: 1 });
+    expect((await tracked(post(purge, { olderThan: "soon" }, WRITE_TOKEN))).status).toBe(400);
+    const realPurge = await tracked(post(purge, { olderThan: "1d", queue: "orders" }, WRITE_TOKEN));
+    expect(JSON.parse(realPurge.text)).toMatchObject({ dryRun: false, purged: 1 });
+    expect(await rowCounts(older)).toEqual({ m: 0, d: 0 });
+    bodies.push((await get(`${base}/console/api/status`, READ_TOKEN)).text);
+
+    // Neither token turns up in any answer or log line.
+    const everything = [...bodies, ...lines.map((l: LogLine) => JSON.stringify(l))].join("\n");
+    expect(everything).not.toContain(WRITE_TOKEN);
+    expect(everything).not.toContain(READ_TOKEN);
+    expect(lines.some((l) => l.msg === "console write")).toBe(true);
+  });
+});
+
+/** Both tables emptied and seeded afresh. */
+async function reseed() {
+  await db.pool.query(`TRUNCATE ${db.names.messages}, ${db.names.deadLetters}`);
+  return seedConsoleDemo(db.pool, db.schema);
+}
+
+const missing = chromiumMissing();
+if (missing) console.warn(`console.test: the browser test is skipped: ${missing}`);
+
+describe.skipIf(missing !== undefined)("console in a headless Chromium", () => {
+  let browser: Browser;
+  beforeAll(async () => {
+    // Its own seeded state: no dependence on what the HTTP tests replayed or purged.
+    ids = await reseed();
+    browser = await launchChromium();
+  });
+  afterAll(() => browser?.close());
+
+  it("shows the seeded counts, renders a hostile payload as text, and replays through the confirmation", async () => {
+    const { base } = await serve({ enabled: true, writeToken: WRITE_TOKEN });
+    const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+    const errors: string[] = [];
+    page.on("console", (m) => {
+      if (m.type() === "error") errors.push(`console: ${m.text()}`);
+    });
+    page.on("pageerror", (e) => errors.push(`pageerror: ${e.message}`));
+    try {
+      await page.goto(`${base}/console/`);
+      for (const [queue, counts] of Object.entries(SEEDED_COUNTS)) {
+        const row = page.locator(`#queues tr[data-queue="${queue}"]`);
+        for (const [col, n] of Object.entries(counts)) {
+          await expect
+            .poll(() => row.locator(`td[data-col="${col}"]`).textContent(), { message: `${queue} ${col}` })
+            .toBe(String(n));
+        }
+      }
+      await expect
+        .poll(() => page.locator('#workers tr[data-worker="worker-b"] td[data-col="expired"]').textContent())
+        .toBe("1");
+
+      const hostile = page.locator(`#dead tr[data-id="${ids.hostile}"]`);
+      await expect
+        .poll(() => hostile.locator('td[data-col="payload"]').textContent())
+        .toContain("<script>window.__pwned=1</script><img src=x onerror=");
+      expect(await hostile.locator('td[data-col="error"]').textContent()).toBe(HOSTILE_ERROR);
+      await hostile.locator('button[data-action="view"]').click();
+      await expect.poll(() => page.locator("#dead-detail-body").textContent()).toContain("window.__pwned=1");
+      expect(await page.locator("main script, main img, main b").count()).toBe(0);
+      expect(await page.evaluate(() => (globalThis as { __pwned?: number }).__pwned)).toBeUndefined();
+
+      // Replay one dead letter: token, button, confirmation with its count, confirm.
+      const target = ids.others[1] as string;
+      await page.fill("#token", WRITE_TOKEN);
+      await page.click("#token-save");
+      const button = page.locator(`#dead tr[data-id="${target}"] button[data-action="replay"]`);
+      await expect.poll(() => button.isEnabled()).toBe(true);
+      await button.click();
+      await expect
+        .poll(() => page.locator("#confirm-text").textContent())
+        .toMatch(/This will replay 1 dead letter into/);
+      expect(await page.locator("#confirm-queues").textContent()).toBe("queue mail: 1");
+      expect(await rowCounts(target)).toEqual({ m: 0, d: 1 });
+      await page.click("#confirm-yes");
+      await expect.poll(() => rowCounts(target)).toEqual({ m: 1, d: 0 });
+      await expect.poll(() => page.locator("#notice").textContent()).toBe("Replayed 1 dead letter.");
+      await expect.poll(() => page.locator(`#dead tr[data-id="${target}"]`).count()).toBe(0);
+      expect(await page.evaluate(() => (globalThis as { __pwned?: number }).__pwned)).toBeUndefined();
+      expect(errors).toEqual([]);
+    } finally {
+      await page.close();
+    }
+  });
+});
