@@ -24,7 +24,7 @@ for (let n = 1; !stopping; n++) {
     await outbox.publish(
       client,
       "order.placed",
-      { orderId: Number(rows[0].id), customer },
+      { orderId: Number(rows[0].id), customer, totalCents: 1000 + n },
       { key: customer },
     );
     await client.query("COMMIT");

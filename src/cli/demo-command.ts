@@ -37,7 +37,8 @@ Options:
   --database-url URL   use this Postgres instead of the embedded one
   -h, --help           show this help`;
 
-const orderPlaced = defineQueue(
+/** The demo's queue; examples/consumers/queues.ts describes the same one for the consumer examples. */
+export const orderPlaced = defineQueue(
   "order.placed",
   z.object({ orderId: z.number().int(), customer: z.string(), totalCents: z.number().int().nonnegative() }),
 );

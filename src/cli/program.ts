@@ -72,6 +72,20 @@ const commands: Record<string, { load: () => Promise<Command>; summary: string }
     },
     summary: "ask a running service's /readyz (or /healthz): exit 0 when it answers 200",
   },
+  asyncapi: {
+    load: async () => {
+      const m = await import("./asyncapi-command.js");
+      return { run: m.asyncapiCommand, usage: m.asyncapiUsage };
+    },
+    summary: "print an AsyncAPI 3.0 document of your queues (and relays)",
+  },
+  schemas: {
+    load: async () => {
+      const m = await import("./schemas-command.js");
+      return { run: m.schemasCommand, usage: m.schemasUsage };
+    },
+    summary: "write one JSON Schema per queue, for consumers in other languages",
+  },
   demo: {
     load: async () => {
       const m = await import("./demo-command.js");

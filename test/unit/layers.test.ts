@@ -40,8 +40,9 @@ const ALLOWED: Record<string, readonly string[]> = {
   relay: ["contract", "util"],
   inspect: ["sql", "migrate", "contract", "util"],
   console: ["inspect", "worker", "sql", "contract", "util"],
+  describe: ["relay", "produce", "contract", "util"],
   service: SERVICE_IMPORTS,
-  cli: ["service", ...SERVICE_IMPORTS],
+  cli: ["service", "describe", ...SERVICE_IMPORTS],
 };
 
 function sources(dir: string): string[] {

@@ -1,0 +1,172 @@
+import { stringify } from "yaml";
+import type { QueueDefinition } from "../produce/queue.js";
+import type { RelayConfig } from "../relay/config.js";
+import { registerSecrets, registerUrlSecrets, scrubDeep } from "../util/redact.js";
+import { type JsonSchema, payloadJsonSchema } from "./json-schema.js";
+import { describeTransport, type SourceContext, type TransportDescription } from "./transports.js";
+
+type AnyQueue = QueueDefinition<unknown, unknown>;
+export type AsyncApiDocument = Record<string, unknown>;
+
+export interface AsyncApiOptions {
+  title?: string;
+  version?: string;
+  /** The service config's relays (queue → relay): they decide addresses, servers, headers and bindings. */
+  relays?: Record<string, RelayConfig>;
+  /** The database and schema the service runs on: the default CloudEvents `source` is made from them. */
+  source?: SourceContext;
+}
+
+/** AsyncAPI 3.0 ids (channel, message, server, operation keys) are letters, digits, `.`, `-`, `_`. */
+function idFor(name: string, taken: Set<string>): string {
+  const base = name.replace(/[^\w.-]/g, "_");
+  let id = base;
+  for (let n = 2; taken.has(id); n++) id = `${base}_${n}`;
+  taken.add(id);
+  return id;
+}
+
+function headersSchema(transport: TransportDescription): JsonSchema {
+  return {
+    type: "object",
+    properties: Object.fromEntries(
+      transport.headers.map((h) => [
+        h.name,
+        { type: "string", description: h.description, ...(h.const === undefined ? {} : { const: h.const }) },
+      ]),
+    ),
+    required: transport.headers.filter((h) => h.required).map((h) => h.name),
+    additionalProperties: { type: "string", description: transport.otherHeaders },
+  };
+}
+
+/** Every credential a relay config holds, so that no text derived from it can show one. */
+function registerRelaySecrets(relays: Record<string, RelayConfig>): void {
+  for (const relay of Object.values(relays)) {
+    if (relay.type === "nats") {
+      for (const server of Array.isArray(relay.servers) ? relay.servers : [relay.servers])
+        registerUrlSecrets(server);
+    } else {
+      registerUrlSecrets(relay.url);
+    }
+    if (relay.type === "http") {
+      registerSecrets(...Object.values(relay.headers ?? {}));
+      registerSecrets(...[relay.signingSecret ?? []].flat());
+    }
+  }
+}
+
+/**
+ * The AsyncAPI 3.0.0 document of the queues: one channel per queue, its message's payload the queue's JSON
+ * Schema (output side, draft-07 as AsyncAPI's Schema Object). With relays, a relayed queue's channel has
+ * the relay's address, servers, the headers it sends and its bindings; a queue the relays name but the
+ * module does not define gets a schema-less payload (any JSON). One `send` operation per channel: the
+ * outbox sends, consumers receive. No credential reaches the document: servers are protocol and host only,
+ * and every string is scrubbed of the relays' secrets.
+ */
+export async function buildAsyncApi(
+  queues: readonly AnyQueue[],
+  options: AsyncApiOptions = {},
+): Promise<AsyncApiDocument> {
+  const relays = options.relays ?? {};
+  registerRelaySecrets(relays);
+  const all: AnyQueue[] = [...queues];
+  for (const name of Object.keys(relays)) {
+    if (!all.some((q) => q.name === name)) all.push({ name, schema: undefined });
+  }
+  const source = options.source ?? { schema: "outbox" };
+
+  const ids = new Set<string>();
+  const serverIds = new Map<string, string>();
+  const servers: Record<string, unknown> = {};
+  const channels: Record<string, unknown> = {};
+  const operations: Record<string, unknown> = {};
+  const schemas: Record<string, unknown> = {};
+  const messages: Record<string, unknown> = {};
+
+  for (const queue of all) {
+    const id = idFor(queue.name, ids);
+    const relay = relays[queue.name];
+    const defined = queues.some((q) => q.name === queue.name);
+    const payload = payloadJsonSchema(queue, "draft-07");
+    schemas[id] = {
+      title: queue.name,
+      ...(defined ? {} : { description: "not defined in the queues module: any JSON value" }),
+      ...payload,
+    };
+    const payloadRef = { $ref: `#/components/schemas/${id}` };
+    const transport = relay === undefined ? undefined : await describeTransport(queue.name, relay, source);
+
+    const channelServers: { $ref: string }[] = [];
+    for (const server of transport?.servers ?? []) {
+      const key = `${transport?.kind} ${server.protocol}://${server.host}`;
+      let serverId = serverIds.get(key);
+      if (serverId === undefined) {
+        serverId = idFor(`${transport?.kind}-${server.host}`, ids);
+        serverIds.set(key, serverId);
+        servers[serverId] = { host: server.host, protocol: server.protocol };
+      }
+      channelServers.push({ $ref: `#/servers/${serverId}` });
+    }
+
+    messages[id] = {
+      name: queue.name,
+      title: `${queue.name} event`,
+      contentType: transport?.contentType ?? "application/json",
+      ...(transport === undefined ? {} : { description: `CloudEvents 1.0, ${transport.mode} content mode` }),
+      payload: transport?.wrapPayload === undefined ? payloadRef : transport.wrapPayload(payloadRef),
+      ...(transport === undefined ? {} : { headers: headersSchema(transport) }),
+      ...(transport?.bindings.message === undefined
+        ? {}
+        : { bindings: { amqp: transport.bindings.message } }),
+    };
+    const bindingKey =
+      transport === undefined
+        ? undefined
+        : { http: "http", nats: "nats", rabbitmq: "amqp", redis: "redis" }[transport.kind];
+    channels[id] = {
+      address: transport?.address ?? queue.name,
+      title: queue.name,
+      description:
+        transport?.description ??
+        (relay === undefined && options.relays !== undefined
+          ? `Outbox queue "${queue.name}": not relayed by the config (handled in-process).`
+          : `Outbox queue "${queue.name}".`),
+      ...(channelServers.length === 0 ? {} : { servers: channelServers }),
+      messages: { [id]: { $ref: `#/components/messages/${id}` } },
+      ...(transport?.bindings.channel === undefined || bindingKey === undefined
+        ? {}
+        : { bindings: { [bindingKey]: transport.bindings.channel } }),
+    };
+    operations[`send_${id}`] = {
+      action: "send",
+      title: `Send ${queue.name}`,
+      channel: { $ref: `#/channels/${id}` },
+      messages: [{ $ref: `#/channels/${id}/messages/${id}` }],
+      ...(transport?.bindings.operation === undefined || bindingKey === undefined
+        ? {}
+        : { bindings: { [bindingKey]: transport.bindings.operation } }),
+    };
+  }
+
+  const document: AsyncApiDocument = {
+    asyncapi: "3.0.0",
+    info: {
+      title: options.title ?? "Outbox events",
+      version: options.version ?? "1.0.0",
+      description:
+        "Messages published through pg-outbox-worker's transactional outbox, as the built-in relays send them (CloudEvents 1.0). Delivery is at least once: consumers dedupe by the event id.",
+    },
+    ...(Object.keys(servers).length === 0 ? {} : { servers }),
+    defaultContentType: "application/json",
+    channels,
+    operations,
+    components: { schemas, messages },
+  };
+  return scrubDeep(document) as AsyncApiDocument;
+}
+
+/** The document as YAML (the default) or JSON text, ending with a newline. */
+export function renderAsyncApi(document: AsyncApiDocument, format: "yaml" | "json" = "yaml"): string {
+  return format === "json" ? `${JSON.stringify(document, null, 2)}\n` : stringify(document, { lineWidth: 0 });
+}

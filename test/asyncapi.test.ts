@@ -1,0 +1,434 @@
+import { readdir, readFile, writeFile } from "node:fs/promises";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+import { Parser } from "@asyncapi/parser";
+import { describe, expect, it } from "vitest";
+import { parse as parseYaml } from "yaml";
+import { queueSchemaDocument } from "../src/describe/json-schema.js";
+import { createHttpRelay } from "../src/relay/http.js";
+import { runCli } from "./helpers/cli-in-process.js";
+import { testTempDir } from "./helpers/temp-dir.js";
+
+// The `asyncapi` and `schemas` commands as a user runs them (in-process CLI): valid AsyncAPI 3.0 per the
+// reference parser, with and without a relay config, following the queue schemas, free of credentials.
+
+const ROOT = path.resolve(import.meta.dirname, "..");
+const ZOD = pathToFileURL(path.join(ROOT, "node_modules/zod/index.js")).href;
+const QUEUE = pathToFileURL(path.join(ROOT, "src/produce/queue.ts")).href;
+const DEMO_QUEUES = path.join(ROOT, "examples/consumers/queues.ts");
+
+/** A queues module in a temp folder; a new file each time, so no import cache hides a change. */
+async function queuesModule(dir: string, name: string, body: string): Promise<string> {
+  const file = path.join(dir, `${name}.mjs`);
+  await writeFile(
+    file,
+    `import { z } from ${JSON.stringify(ZOD)};\nimport { defineQueue } from ${JSON.stringify(QUEUE)};\n${body}\n`,
+  );
+  return file;
+}
+
+const ORDERS = `export const orderPlaced = defineQueue("order.placed", z.object({ orderId: z.number().int(), customer: z.string() }));
+export const billing = [defineQueue("billing/invoice:created", z.object({ invoice: z.string(), cents: z.number().int() })), defineQueue("audit")];`;
+
+// Credentials in every place a relay config can hold one: none may reach the document.
+const SECRETS = {
+  urlToken: "tok-in-query-1a2b3c",
+  amqpPassword: "amqp-pw-4d5e6f",
+  natsToken: "nats-token-7a8b9c",
+  redisPassword: "redis-pw-0d1e2f",
+  authorization: "Bearer header-secret-3a4b5c",
+  signingSecret: `whsec_${Buffer.alloc(32, 9).toString("base64")}`,
+};
+
+const RELAYS = {
+  relays: {
+    "order.placed": {
+      type: "http",
+      url: `https://hooks.example.com/in/orders?token=${SECRETS.urlToken}`,
+      signingSecret: SECRETS.signingSecret,
+      headers: { authorization: SECRETS.authorization },
+    },
+    "billing/invoice:created": {
+      type: "rabbitmq",
+      url: `amqp://app:${SECRETS.amqpPassword}@rabbit.internal:5672/billing`,
+      exchange: "events",
+      exchangeType: "topic",
+      routingKey: "outbox.{queue}",
+    },
+    audit: {
+      type: "nats",
+      servers: [`nats://${SECRETS.natsToken}@nats.internal:4222`],
+      subject: "outbox.{queue}",
+      stream: "OUTBOX",
+    },
+    "relayed.only": {
+      type: "redis",
+      url: `redis://:${SECRETS.redisPassword}@redis.internal:6379/0`,
+      stream: "outbox:{queue}",
+    },
+  },
+};
+
+/** The parser's errors (severity 0), as text for the failure message. */
+async function asyncapiErrors(text: string): Promise<string[]> {
+  const diagnostics = await new Parser().validate(text);
+  return diagnostics
+    .filter((d) => d.severity === 0)
+    .map((d) => `${d.code}: ${d.message} at ${d.path.join(".")}`);
+}
+
+type Doc = {
+  servers?: Record<string, { host: string; protocol: string }>;
+  channels: Record<
+    string,
+    { address: string; title: string; servers?: unknown[]; bindings?: Record<string, unknown> }
+  >;
+  operations: Record<string, { action: string }>;
+  components: {
+    schemas: Record<string, { properties?: Record<string, unknown>; required?: string[] }>;
+    messages: Record<
+      string,
+      { headers?: { properties: Record<string, { const?: string }>; required: string[] }; payload: unknown }
+    >;
+  };
+};
+
+function channelOf(doc: Doc, queue: string) {
+  const entry = Object.entries(doc.channels).find(([, c]) => c.title === queue);
+  if (entry === undefined) throw new Error(`no channel for ${queue}`);
+  const [id, channel] = entry;
+  return { id, channel, schema: doc.components.schemas[id], message: doc.components.messages[id] };
+}
+
+async function asyncapi(args: string[]) {
+  return runCli(["asyncapi", ...args], { PATH: process.env.PATH });
+}
+
+describe("outbox-worker asyncapi", () => {
+  it("prints valid AsyncAPI 3.0 YAML without a config: one channel and send operation per queue, payload schemas", async () => {
+    const dir = await testTempDir("outbox-asyncapi-");
+    const { code, stdout, stderr } = await asyncapi(["--queues", await queuesModule(dir, "q", ORDERS)]);
+    expect(stderr).toBe("");
+    expect(code).toBe(0);
+    expect(await asyncapiErrors(stdout)).toEqual([]);
+    // YAML, not JSON (which a YAML parser would read too).
+    expect(stdout).toMatch(/^asyncapi: 3\.0\.0\ninfo:\n/);
+    const doc = parseYaml(stdout) as Doc & { asyncapi: string };
+    expect(doc.asyncapi).toBe("3.0.0");
+    expect(doc.servers).toBeUndefined();
+    expect(Object.values(doc.channels).map((c) => c.title)).toEqual([
+      "order.placed",
+      "billing/invoice:created",
+      "audit",
+    ]);
+    expect(Object.values(doc.operations).map((o) => o.action)).toEqual(["send", "send", "send"]);
+    const order = channelOf(doc, "order.placed");
+    expect(order.channel.servers).toBeUndefined();
+    expect(order.channel.bindings).toBeUndefined();
+    expect(order.schema).toMatchObject({
+      type: "object",
+      properties: { orderId: { type: "integer" }, customer: { type: "string" } },
+      required: ["orderId", "customer"],
+    });
+    // A queue without a schema: any JSON value.
+    expect(channelOf(doc, "audit").schema).toEqual({ title: "audit" });
+  });
+
+  it("prints JSON with --format json, and the title and version asked for", async () => {
+    const dir = await testTempDir("outbox-asyncapi-");
+    const { code, stdout } = await asyncapi([
+      "--queues",
+      await queuesModule(dir, "q", ORDERS),
+      "--format",
+      "json",
+      "--title",
+      "Shop events",
+      "--version",
+      "2.1.0",
+    ]);
+    expect(code).toBe(0);
+    expect(stdout.startsWith("{\n")).toBe(true);
+    const doc = JSON.parse(stdout) as { info: { title: string; version: string } };
+    expect(doc.info).toMatchObject({ title: "Shop events", version: "2.1.0" });
+    expect(await asyncapiErrors(stdout)).toEqual([]);
+    const bad = await asyncapi(["--queues", await queuesModule(dir, "r", ORDERS), "--format", "xml"]);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain('--format must be yaml or json, got "xml"');
+  });
+
+  it("follows a schema change: a field added to a queue's zod schema shows in its payload", async () => {
+    const dir = await testTempDir("outbox-asyncapi-");
+    const before = await asyncapi(["--queues", await queuesModule(dir, "v1", ORDERS)]);
+    const changed = ORDERS.replace(
+      "customer: z.string() }",
+      "customer: z.string(), coupon: z.string().max(20) }",
+    );
+    expect(changed).not.toBe(ORDERS);
+    const after = await asyncapi(["--queues", await queuesModule(dir, "v2", changed)]);
+    const schemaOf = (text: string) => channelOf(parseYaml(text) as Doc, "order.placed").schema;
+    expect(schemaOf(before.stdout)?.properties).not.toHaveProperty("coupon");
+    expect(schemaOf(after.stdout)?.properties).toHaveProperty("coupon", { type: "string", maxLength: 20 });
+    expect(await asyncapiErrors(after.stdout)).toEqual([]);
+  });
+
+  it("with --config: the relays' addresses, servers, headers and bindings; valid; no credential anywhere", async () => {
+    const dir = await testTempDir("outbox-asyncapi-");
+    const config = path.join(dir, "outbox.config.json");
+    await writeFile(
+      config,
+      JSON.stringify({ databaseUrl: "postgres://u:db-pw-9z8y@db.internal/shop", ...RELAYS }),
+    );
+    const { code, stdout, stderr } = await asyncapi([
+      "--queues",
+      await queuesModule(dir, "q", ORDERS),
+      "--config",
+      config,
+    ]);
+    expect(stderr).toBe("");
+    expect(code).toBe(0);
+    expect(await asyncapiErrors(stdout)).toEqual([]);
+    for (const secret of [...Object.values(SECRETS), "db-pw-9z8y", "whsec_", "Bearer"]) {
+      expect(stdout, `the output holds ${secret}`).not.toContain(secret);
+    }
+    const json = await asyncapi([
+      "--queues",
+      await queuesModule(dir, "r", ORDERS),
+      "--config",
+      config,
+      "--format",
+      "json",
+    ]);
+    for (const secret of Object.values(SECRETS)) expect(json.stdout).not.toContain(secret);
+
+    const doc = parseYaml(stdout) as Doc;
+    expect(Object.values(doc.servers ?? {})).toEqual([
+      { host: "hooks.example.com", protocol: "https" },
+      { host: "rabbit.internal:5672", protocol: "amqp" },
+      { host: "nats.internal:4222", protocol: "nats" },
+      { host: "redis.internal:6379", protocol: "redis" },
+    ]);
+
+    const order = channelOf(doc, "order.placed");
+    expect(order.channel.address).toBe("/in/orders");
+    const headers = order.message?.headers;
+    expect(headers?.required).toEqual(
+      expect.arrayContaining([
+        "ce-id",
+        "ce-source",
+        "ce-type",
+        "ce-specversion",
+        "ce-time",
+        "idempotency-key",
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+        "authorization",
+      ]),
+    );
+    expect(Object.keys(headers?.properties ?? {})).toEqual(
+      expect.arrayContaining(["ce-subject", "traceparent", "ce-traceparent"]),
+    );
+    expect(headers?.required).not.toContain("ce-subject");
+    expect(headers?.properties["ce-type"]?.const).toBe("order.placed");
+    expect(headers?.properties["ce-source"]?.const).toBe("/outbox/shop/outbox");
+
+    const invoice = channelOf(doc, "billing/invoice:created");
+    expect(invoice.channel.address).toBe("outbox.billing/invoice:created");
+    expect(invoice.channel.bindings).toMatchObject({
+      amqp: { is: "routingKey", exchange: { name: "events", type: "topic", vhost: "billing" } },
+    });
+    expect(invoice.message?.headers?.properties).not.toHaveProperty("ce-datacontenttype");
+
+    const audit = channelOf(doc, "audit");
+    expect(audit.channel.address).toBe("outbox.audit");
+    expect(audit.message?.headers?.required).toEqual(
+      expect.arrayContaining(["ce-datacontenttype", "nats-msg-id"]),
+    );
+
+    // Relayed but not in the module: a channel all the same, any JSON, the event wrapped in structured mode.
+    const only = channelOf(doc, "relayed.only");
+    expect(only.channel.address).toBe("outbox:relayed.only");
+    expect(only.message?.headers?.required).toEqual(["id", "type"]);
+    expect(only.message?.payload).toMatchObject({
+      properties: { id: { type: "string" }, data: { $ref: `#/components/schemas/${only.id}` } },
+    });
+  });
+
+  it("lists exactly the headers the http relay sends", async () => {
+    const received: http.IncomingHttpHeaders[] = [];
+    const server = http.createServer((req, res) => {
+      received.push(req.headers);
+      req.resume().on("end", () => res.writeHead(204).end());
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    try {
+      const port = (server.address() as AddressInfo).port;
+      const relay = {
+        type: "http",
+        url: `http://127.0.0.1:${port}/hook`,
+        signingSecret: SECRETS.signingSecret,
+        headers: { authorization: "Bearer x" },
+      } as const;
+      const dir = await testTempDir("outbox-asyncapi-");
+      const config = path.join(dir, "c.json");
+      await writeFile(config, JSON.stringify({ relays: { "order.placed": relay } }));
+      const { stdout } = await asyncapi([
+        "--queues",
+        await queuesModule(dir, "q", ORDERS),
+        "--config",
+        config,
+        "--format",
+        "json",
+      ]);
+      const headers = channelOf(JSON.parse(stdout) as Doc, "order.placed").message?.headers;
+
+      const { pino } = await import("pino");
+      const sent = await createHttpRelay(relay, { logger: pino({ enabled: false }) });
+      for (const key of [null, "customer 1"]) {
+        await sent.handler(null, {
+          id: "42",
+          queue: "order.placed",
+          key,
+          headers:
+            key === null
+              ? {}
+              : { traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", tracestate: "a=b" },
+          deliveries: 1,
+          attempts: 0,
+          createdAt: new Date(),
+          rawPayload: '{"orderId":1,"customer":"c"}',
+          signal: new AbortController().signal,
+          publish: () => {},
+        } as never);
+      }
+      await sent.close();
+      // What fetch adds by itself is not the relay's.
+      const transport = new Set([
+        "host",
+        "connection",
+        "content-length",
+        "user-agent",
+        "accept",
+        "accept-encoding",
+        "accept-language",
+        "sec-fetch-mode",
+      ]);
+      const [keyless, full] = received.map((h) =>
+        Object.keys(h)
+          .filter((n) => !transport.has(n))
+          .sort(),
+      );
+      expect(keyless).toEqual([...(headers?.required ?? [])].sort());
+      expect(full).toEqual(Object.keys(headers?.properties ?? {}).sort());
+    } finally {
+      server.close();
+    }
+  });
+
+  it("describes the demo's queues (examples/consumers/queues.ts), with each example relay config", async () => {
+    const plain = await asyncapi(["--queues", DEMO_QUEUES]);
+    expect(plain.code).toBe(0);
+    expect(await asyncapiErrors(plain.stdout)).toEqual([]);
+    expect(channelOf(parseYaml(plain.stdout) as Doc, "order.placed").schema?.required).toEqual([
+      "orderId",
+      "customer",
+      "totalCents",
+    ]);
+    const configs = path.join(ROOT, "examples/consumers/config");
+    for (const file of await readdir(configs)) {
+      const out = await asyncapi(["--queues", DEMO_QUEUES, "--config", path.join(configs, file)]);
+      expect(out.stderr, file).toBe("");
+      expect(await asyncapiErrors(out.stdout), file).toEqual([]);
+    }
+  });
+
+  it("says clearly what is wrong with --queues", async () => {
+    const dir = await testTempDir("outbox-asyncapi-");
+    const missing = await asyncapi(["--queues", path.join(dir, "nope.js")]);
+    expect(missing.code).toBe(2);
+    expect(missing.stderr).toMatch(/outbox-worker asyncapi: invalid --queues: cannot load .*nope\.js/);
+    const empty = await asyncapi(["--queues", await queuesModule(dir, "empty", "export const answer = 42;")]);
+    expect(empty.code).toBe(2);
+    expect(empty.stderr).toMatch(/empty\.mjs exports no queue definitions/);
+    const dated = await asyncapi([
+      "--queues",
+      await queuesModule(dir, "dated", 'export const q = defineQueue("when", z.object({ at: z.date() }));'),
+    ]);
+    expect(dated.code).toBe(2);
+    expect(dated.stderr).toMatch(
+      /queue "when": its zod schema cannot be written as JSON Schema: Date cannot be represented/,
+    );
+    const none = await asyncapi([]);
+    expect(none.code).toBe(2);
+    expect(none.stderr).toContain("--queues MODULE is required");
+  });
+
+  it("refuses a bad --config listing its problems", async () => {
+    const dir = await testTempDir("outbox-asyncapi-");
+    const config = path.join(dir, "bad.json");
+    await writeFile(config, JSON.stringify({ relays: { q: { type: "nats", subject: "a b" } } }));
+    const out = await asyncapi(["--queues", await queuesModule(dir, "q", ORDERS), "--config", config]);
+    expect(out.code).toBe(2);
+    expect(out.stderr).toContain("relays.q.subject");
+  });
+});
+
+describe("outbox-worker schemas", () => {
+  it("writes one 2020-12 JSON Schema per queue, file names safe for / and :", async () => {
+    const dir = await testTempDir("outbox-schemas-");
+    const out = path.join(dir, "schemas");
+    const { code, stdout, stderr } = await runCli(
+      ["schemas", "--queues", await queuesModule(dir, "q", ORDERS), "--out", out],
+      {},
+    );
+    expect(stderr).toBe("");
+    expect(code).toBe(0);
+    expect((await readdir(out)).sort()).toEqual([
+      "audit.schema.json",
+      "billing%2Finvoice%3Acreated.schema.json",
+      "order.placed.schema.json",
+    ]);
+    expect(stdout).toContain(
+      `billing/invoice:created → ${path.join(out, "billing%2Finvoice%3Acreated.schema.json")}`,
+    );
+    const written = JSON.parse(
+      await readFile(path.join(out, "billing%2Finvoice%3Acreated.schema.json"), "utf8"),
+    );
+    expect(written).toMatchObject({
+      $schema: "https://json-schema.org/draft/2020-12/schema",
+      title: "billing/invoice:created",
+      properties: { invoice: { type: "string" }, cents: { type: "integer" } },
+    });
+    // The same schema the AsyncAPI document carries (draft-07 there: the same for such a schema).
+    const doc = parseYaml((await asyncapi(["--queues", await queuesModule(dir, "r", ORDERS)])).stdout) as Doc;
+    const { $schema: _, $id: __, description: ___, ...fileSchema } = written;
+    expect(channelOf(doc, "billing/invoice:created").schema).toEqual(fileSchema);
+  });
+
+  it("needs --queues and --out, and writes nothing for a schema it cannot express", async () => {
+    const dir = await testTempDir("outbox-schemas-");
+    expect((await runCli(["schemas", "--out", dir], {})).stderr).toContain("--queues MODULE is required");
+    const module = await queuesModule(
+      dir,
+      "q",
+      `export const a = defineQueue("a", z.object({}));\nexport const b = defineQueue("b", z.object({ at: z.date() }));`,
+    );
+    const out = path.join(dir, "out");
+    const result = await runCli(["schemas", "--queues", module, "--out", out], {});
+    expect(result.code).toBe(2);
+    expect(result.stderr).toContain('queue "b"');
+    await expect(readdir(out)).rejects.toThrow(/ENOENT/);
+  });
+});
+
+describe("queueSchemaDocument of the demo queue", () => {
+  it("is what examples/consumers/schemas holds", async () => {
+    const { orderPlaced } = await import("../examples/consumers/queues.js");
+    const file = JSON.parse(
+      await readFile(path.join(ROOT, "examples/consumers/schemas/order.placed.schema.json"), "utf8"),
+    );
+    expect(file).toEqual(queueSchemaDocument(orderPlaced));
+  });
+});
