@@ -6,6 +6,7 @@
  *   npm run bench                      # full: writes bench/RESULTS.md
  *   npm run bench:quick                # under 3 minutes, 1 run each: writes bench/RESULTS.quick.md
  *   npm run bench -- --only drain,scale --out /tmp/r.md
+ *   npm run bench -- --only followups --out /tmp/f.md    # what follow-up messages cost the drain
  *
  * Peers come from bench/package.json (installed into bench/node_modules by the npm scripts).
  */
@@ -13,6 +14,7 @@ import { execFileSync } from "node:child_process";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import pg from "pg";
+import type { FollowUpResult } from "./follow-ups.js";
 import type {
   DrainResult,
   HotKeyResult,
@@ -167,9 +169,12 @@ const settings = (
   .map((r) => `${r.name} ${r.unit === "8kB" ? `${(Number(r.setting) * 8) / 1024}MB` : r.setting}`)
   .join(", ");
 await pool.end();
-const version = (pkg: string) =>
-  (JSON.parse(readFileSync(`${ROOT}bench/node_modules/${pkg}/package.json`, "utf8")) as { version: string })
-    .version;
+// A section of ours alone (`--only followups`) runs without the peers installed in bench/node_modules.
+const version = (pkg: string) => {
+  const file = `${ROOT}bench/node_modules/${pkg}/package.json`;
+  if (!existsSync(file)) return "(not installed)";
+  return (JSON.parse(readFileSync(file, "utf8")) as { version: string }).version;
+};
 const versions = { graphile: version("graphile-worker"), pgboss: version("pg-boss") };
 
 say("# Benchmark results");
@@ -1082,6 +1087,54 @@ async function orderingSection() {
   );
 }
 
+// ------------------------------------------------------------------------------------------ follow-ups
+
+/**
+ * What follow-up messages cost the drain (bench/follow-ups.ts, in a process of its own after the machine
+ * is quiet): parents/s with one follow-up each against parents/s with none, as a ratio of medians.
+ */
+async function followUpsSection() {
+  const rows = P.drainRows;
+  for (const deadline = Date.now() + 180_000; Date.now() < deadline; ) {
+    const b = await busy();
+    if (b < QUIET) break;
+    progress(`machine busy (${b.toFixed(2)} CPU-s/s) before the follow-up drains: waiting`);
+  }
+  const args = ["--rows", String(rows), "--runs", String(runs), "--concurrency", "10", "--json"];
+  progress(`follow-ups ${args.join(" ")}`);
+  const output = execFileSync(process.execPath, ["--import", "tsx", "bench/follow-ups.ts", ...args], {
+    cwd: ROOT,
+    encoding: "utf8",
+    env: { ...process.env, DATABASE_URL },
+  });
+  const results = JSON.parse(output.trim().split("\n").at(-1) ?? "[]") as FollowUpResult[];
+  const byMode = new Map(results.map((r) => [r.mode, r]));
+  say("## Follow-up messages: what they cost the drain");
+  say();
+  say(
+    `Command: \`node --import tsx bench/follow-ups.ts ${args.filter((a) => a !== "--json").join(" ")}\`. ${fmt(rows)} parent rows, ` +
+      "one worker (concurrency 10, batchSize 500); time until every parent is acknowledged. `one`: each handler returns " +
+      "one follow-up to a queue the worker does not serve (the ack deletes the parent and inserts the follow-up in one " +
+      "statement); `served`: the worker serves the follow-ups too, so each parent is two messages of work; `keyed-*`: " +
+      "every parent has its own key (the keyed ack, and the follow-up insert in its transaction). Ratios against " +
+      "`none` (`keyed-none` for keyed modes) of the same run.",
+  );
+  say();
+  table(
+    ["mode", "parents/s (median)", "range", "ratio vs no follow-ups", "worker CPU µs/parent"],
+    results.map((x) => {
+      const base = byMode.get(x.mode.startsWith("keyed") ? "keyed-none" : "none");
+      return [
+        x.mode,
+        fmt(median(x.rates)),
+        range(x.rates),
+        base && base !== x ? ratio(x.rates, base.rates).text : "1.00",
+        median(x.cpuUs).toFixed(1),
+      ];
+    }),
+  );
+}
+
 // ------------------------------------------------------------------------------------------------ run
 
 const drain = only.includes("drain") ? await drainSection() : undefined;
@@ -1090,6 +1143,7 @@ if (only.includes("producer")) await producerSection();
 const scale = only.includes("scale") ? (await scaleSection(drain)).results : undefined;
 if (drain || scale) roundTripSection(drain, scale);
 if (only.includes("ordering")) await orderingSection();
+if (only.includes("followups")) await followUpsSection();
 
 say("## Settings per system");
 say();

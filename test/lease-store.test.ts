@@ -68,6 +68,13 @@ leaseStoreContract("postgres", (): LeaseStoreHarness => {
         leaseLeftMs: r.lease_left_ms,
       };
     },
+    async rowsOf(queue) {
+      const { rows } = await db.pool.query(
+        `SELECT payload, key, head, headers FROM ${m} WHERE queue = $1 ORDER BY id`,
+        [queue],
+      );
+      return rows;
+    },
     async deadLetter(id) {
       const { rows } = await db.pool.query(
         `SELECT reason, error, attempts_count AS attempts FROM ${db.names.deadLetters} WHERE id = $1`,
@@ -105,6 +112,12 @@ leaseStoreContract("memory", (): LeaseStoreHarness => {
         due: r.availableAt <= clock,
         leaseLeftMs: r.leaseExpiresAt === null ? null : r.leaseExpiresAt - clock,
       };
+    },
+    async rowsOf(queue) {
+      return [...table.rows.values()]
+        .filter((r) => r.queue === queue)
+        .sort((x, y) => Number(x.id) - Number(y.id))
+        .map((r) => ({ payload: JSON.parse(r.payload), key: r.key, head: r.head, headers: r.headers }));
     },
     async deadLetter(id) {
       const d = table.deadLetters.get(id);

@@ -1,5 +1,5 @@
-import type { PublishOptions } from "../produce/publisher.js";
-import type { QueueDefinition } from "../produce/queue.js";
+import type { PublishOptions } from "./publish-options.js";
+import type { QueueDefinition } from "./queue.js";
 
 /**
  * A message a handler publishes as part of its own success: inserted in the same transaction as the
@@ -17,4 +17,21 @@ export function followUp<I, O>(
   options: PublishOptions = {},
 ): FollowUp<I, O> {
   return { ...options, queue, payload };
+}
+
+/**
+ * A follow-up validated and encoded, ready to insert with its parent's ack: plain data, no class, so the
+ * lease store can write it and a test harness can inspect it. `delayMs` counts from the ack's transaction
+ * on the server clock, like a publish's.
+ */
+export interface PreparedFollowUp {
+  readonly queue: string;
+  /** The payload's JSON text (the queue schema's output), within the size limit. */
+  readonly payloadText: string;
+  readonly key: string | null;
+  /** Caller headers plus the active trace context (when tracing is loaded). */
+  readonly headers: Record<string, string>;
+  /** Null when not given. */
+  readonly delayMs: number | null;
+  readonly availableAt: Date | null;
 }

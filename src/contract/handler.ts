@@ -1,7 +1,7 @@
 import type { z } from "zod";
-import type { PublishOptions } from "../produce/publisher.js";
-import type { QueueDefinition } from "../produce/queue.js";
 import type { FollowUp } from "./follow-up.js";
+import type { PublishOptions } from "./publish-options.js";
+import type { QueueDefinition } from "./queue.js";
 import type { RetryStrategy } from "./retry.js";
 
 /** What a handler gets besides its payload. */
@@ -34,6 +34,7 @@ export interface MessageContext {
 }
 
 /** What a handler may return: nothing, or follow-up messages to insert with its ack. */
+// biome-ignore lint/suspicious/noConfusingVoidType: `void` keeps handlers typed `() => Promise<void>` assignable.
 export type HandlerResult = void | undefined | FollowUp | readonly FollowUp[];
 
 /**

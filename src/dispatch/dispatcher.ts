@@ -5,10 +5,11 @@
  */
 
 import type { MessageContext, ResolvedQueue } from "../contract/handler.js";
-import { classifyError, errorMessage } from "../contract/handler-errors.js";
+import type { PublishOptions } from "../contract/publish-options.js";
+import type { QueueDefinition } from "../contract/queue.js";
 import { abortHeld, type HeldRow, heldSignal, lose, startCompleting, startRunning } from "../lease/held.js";
 import type { Outcome } from "../lease/outcome.js";
-import { decide, defaultRetry, type RetryStrategy } from "../retry/strategies.js";
+import type { RetryStrategy } from "../retry/strategies.js";
 import {
   endProcessSpan,
   loadTracing,
@@ -17,8 +18,10 @@ import {
   startProcessSpan,
   tracingLoaded,
 } from "../util/tracing.js";
+import { decideFailure, prepareDelivery } from "./decide-outcome.js";
+import { FollowUps, isFollowUp } from "./follow-ups.js";
 import type { LocalQueue } from "./local-queue.js";
-import { HandlerTimeoutError, isHandlerTimeout } from "./timeout.js";
+import { HandlerTimeoutError } from "./timeout.js";
 
 export interface DispatcherDeps {
   queue: LocalQueue<HeldRow>;
@@ -69,8 +72,29 @@ class Context implements MessageContext {
     this.#held = held;
   }
 
-  publish(): void {
-    throw new Error("follow-up messages are not implemented yet");
+  /** Made on first publish: most deliveries have none, and pay nothing for the feature. */
+  followUps: FollowUps | undefined;
+
+  publish<I, O>(queue: QueueDefinition<I, O> | string, payload: I, options?: PublishOptions): void {
+    // After the handler settled (a late call from a timed-out or fire-and-forget task) the outcome is
+    // already decided: a follow-up added now would ride a later write or none. Refuse it loudly instead.
+    if (this.#sealed) throw new Error("message.publish called after the handler returned");
+    this.followUps ??= new FollowUps();
+    this.followUps.add(queue, payload, options);
+  }
+
+  #sealed = false;
+
+  /** Adds what the handler returned (values that are not follow-ups are ignored, as before them). */
+  returned(value: unknown): void {
+    if (!Array.isArray(value) && !isFollowUp(value)) return;
+    this.followUps ??= new FollowUps();
+    this.followUps.addResult(value);
+  }
+
+  /** The handler's outcome is being decided: no more follow-ups. */
+  seal(): void {
+    this.#sealed = true;
   }
 
   /** Made on first read: most handlers never look at it. */
@@ -203,28 +227,10 @@ export class Dispatcher {
     });
     const queue = this.deps.queues.get(row.queue);
     if (!queue) return dead("no_handler", `no handler for queue "${row.queue}"`);
-    // A row leased this often keeps killing its worker (or timing out): stop before it runs again.
-    if (row.deliveries_count > this.deps.maxDeliveries) {
-      return dead("max_deliveries", `leased ${row.deliveries_count} times (max ${this.deps.maxDeliveries})`);
-    }
-    // Raw queues (relays) get the stored text as it is: no parse, so no digit of a big number is lost.
-    let payload: unknown = row.payload;
-    if (!queue.rawPayload) {
-      try {
-        payload = JSON.parse(row.payload);
-      } catch (error) {
-        // jsonb's own output always parses; a failure here must still end as a dead letter, not a dead loop.
-        return dead("invalid_payload", errorMessage(error, this.deps.maxErrorLength));
-      }
-      if (queue.schema) {
-        const parsed = queue.schema.safeParse(payload);
-        if (!parsed.success) {
-          const problems = parsed.error.issues.map((i) => `${i.path.join(".") || "(payload)"}: ${i.message}`);
-          return dead("invalid_payload", problems.join("; "));
-        }
-        payload = parsed.data;
-      }
-    }
+    // Max deliveries, payload parse and schema: decided in decide-outcome.ts, shared with the test harness.
+    const prepared = prepareDelivery(queue, row, this.deps);
+    if ("dead" in prepared) return { ...prepared.dead, held };
+    const { payload } = prepared;
 
     if (!startRunning(held, performance.now())) return undefined;
     const running: Running = {
@@ -243,11 +249,24 @@ export class Dispatcher {
         ? runInSpan(span, () => queue.handler(payload, context))
         : queue.handler(payload, context);
       // Only a promise can time out (a synchronous handler has already returned); no wrapper otherwise.
-      if (isThenable(result)) await this.#settle(result, running);
-      const ack: Outcome = { kind: "ack", held, durationMs: performance.now() - held.startedAt };
+      const value = isThenable(result) ? await this.#settle(result, running) : result;
+      context.seal();
+      // A returned follow-up that fails validation throws here: the delivery is retried, nothing published.
+      // Inside the process span: returned follow-ups carry the handler's trace context, as published ones do.
+      if (value !== undefined && value !== null) {
+        if (span) runInSpan(span, () => context.returned(value));
+        else context.returned(value);
+      }
+      const followUps = context.followUps?.prepared;
+      const ack: Outcome =
+        followUps && followUps.length > 0
+          ? { kind: "ack", held, durationMs: performance.now() - held.startedAt, followUps }
+          : { kind: "ack", held, durationMs: performance.now() - held.startedAt };
       if (span) endProcessSpan(span, { kind: "ack" });
       return ack;
     } catch (error) {
+      // A retried or dead-lettered delivery publishes nothing: its follow-ups are dropped with the context.
+      context.seal();
       const failure = this.#failure(held, queue, error);
       if (span) endSpan(span, failure, error);
       return failure;
@@ -259,38 +278,10 @@ export class Dispatcher {
   }
 
   #failure(held: HeldRow, queue: ResolvedQueue, error: unknown): Outcome {
-    const message = errorMessage(error, this.deps.maxErrorLength);
-    const kind = classifyError(error);
-    if (kind === "permanent") {
-      return { kind: "dead", held, reason: "rejected", error: message, attempted: 1, failed: 1 };
-    }
-    const timedOut = isHandlerTimeout(error);
-    const exhausted = timedOut ? "timeout" : "retries_exhausted";
-    const failed = kind === "transient" ? 0 : 1;
-    const failures = held.row.failures_count + failed;
-    if (failed && failures >= queue.maxAttempts) {
-      return { kind: "dead", held, reason: exhausted, error: message, attempted: 1, failed: 1 };
-    }
-    const { decision, problem } = decide(queue.retry ?? this.deps.retry ?? defaultRetry, {
-      attempts: held.row.attempts_count + 1,
-      failures,
-      firstAttemptAt: held.row.first_attempt_at,
-      lastAttemptAt: held.row.last_attempt_at,
-      error,
-    });
+    // Classification, maxAttempts and the retry strategy: decide-outcome.ts, shared with the test harness.
+    const { outcome, problem } = decideFailure(queue, held.row, error, this.deps);
     if (problem) this.deps.strategyProblem(held, problem);
-    if (decision === "stop") {
-      return { kind: "dead", held, reason: exhausted, error: message, attempted: 1, failed };
-    }
-    return {
-      kind: "retry",
-      held,
-      delayMs: decision,
-      error: message,
-      failed,
-      transient: kind === "transient",
-      timedOut,
-    };
+    return { ...outcome, held };
   }
 }
 

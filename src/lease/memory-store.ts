@@ -1,4 +1,5 @@
 import { randomUUID } from "node:crypto";
+import type { PreparedFollowUp } from "../contract/follow-up.js";
 import type { LeasedRow } from "../sql/fetch.js";
 import {
   type AckWrite,
@@ -212,12 +213,24 @@ export class MemoryLeaseStore implements LeaseStore {
     const landed = this.#write(
       writes,
       (w) => w.held,
-      (row) => {
+      (row, w) => {
         const next = this.#table.remove(row);
         if (next) promoted.push(next);
+        // Only a delete under the delivery's token gets here: a lost lease inserts no follow-up.
+        for (const f of w.followUps ?? []) this.#insertFollowUp(f);
       },
     );
     return this.#handOff(landed, promoted, handOff);
+  }
+
+  /** After its parent left (as in Postgres, where the insert follows the ack in its transaction). */
+  #insertFollowUp(f: PreparedFollowUp): void {
+    const now = this.#table.now();
+    const id = this.#table.insert(f.queue, JSON.parse(f.payloadText), { key: f.key });
+    const row = this.#table.rows.get(id) as MemoryRow;
+    row.payload = f.payloadText;
+    row.headers = { ...f.headers };
+    row.availableAt = f.availableAt?.getTime() ?? now + (f.delayMs ?? 0);
   }
 
   async retry(writes: readonly RetryWrite[]) {

@@ -1,3 +1,4 @@
+import type { PreparedFollowUp } from "../contract/follow-up.js";
 import type { HeldRow } from "./held.js";
 
 /**
@@ -5,7 +6,13 @@ import type { HeldRow } from "./held.js";
  * lease store's write for it (`AckWrite`, `RetryWrite`, `DeadWrite`), so no outcome is copied to be written.
  */
 export type Outcome =
-  | { kind: "ack"; held: HeldRow; durationMs: number }
+  | {
+      kind: "ack";
+      held: HeldRow;
+      durationMs: number;
+      /** Inserted by the ack's own statement, under its token; absent (most acks) when there are none. */
+      followUps?: readonly PreparedFollowUp[];
+    }
   | {
       kind: "retry";
       held: HeldRow;

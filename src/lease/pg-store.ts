@@ -1,9 +1,12 @@
 import { randomUUID } from "node:crypto";
 import { setTimeout as delay } from "node:timers/promises";
 import type pg from "pg";
+import type { PreparedFollowUp } from "../contract/follow-up.js";
 import {
+  type AckKeyedRow,
   completeStatements,
   deliveryKey,
+  type FollowUpParams,
   type KeyRow,
   type PromotedRow,
   type PromoteParams,
@@ -18,6 +21,7 @@ import {
 } from "../sql/executor.js";
 import { fetchStatement, type LeasedRow } from "../sql/fetch.js";
 import type { OutboxNames } from "../sql/names.js";
+import { NotifyThrottle } from "../util/notify-throttle.js";
 import {
   type AckWrite,
   allLanded,
@@ -57,6 +61,16 @@ export interface PgLeaseStoreOptions {
 const key = (d: Delivery) => deliveryKey(d.id, d.token);
 const BEGIN = statement("begin", "BEGIN");
 const COMMIT = statement("commit", "COMMIT");
+const NOTIFY = statement("notify", "SELECT pg_notify($1, $2)");
+
+function pushFollowUp(p: FollowUpParams, f: PreparedFollowUp): void {
+  p.queues.push(f.queue);
+  p.payloads.push(f.payloadText);
+  p.headers.push(JSON.stringify(f.headers));
+  p.keys.push(f.key);
+  p.availableAt.push(f.availableAt);
+  p.delaysMs.push(f.delayMs);
+}
 
 /** One round of a keyed completion: deliveries written (null: all not busy), busy ones, new heads. */
 interface KeyedRound {
@@ -186,7 +200,32 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
 
   /** The keyed ack: one call of the `ack_keyed` function (completion, promotion and hand-off). */
   async function ackRound(ws: readonly AckWrite[], handOff: Omit<PromoteParams, "queues" | "keys">) {
-    const rows = await query(sql.ackKeyed, { ...pairs(held(ws)), ...handOff });
+    return keyedAnswer(ws, await query(sql.ackKeyed, { ...pairs(held(ws)), ...handOff }));
+  }
+
+  /**
+   * The keyed ack of deliveries with follow-ups: the `ack_keyed` call, then the insert of the follow-ups of
+   * the deliveries it deleted, in one transaction. Either both commit or neither: a crash or a failed
+   * insert rolls the deletes back too, and the rows are delivered again.
+   */
+  async function ackFollowUpRound(ws: readonly AckWrite[], handOff: Omit<PromoteParams, "queues" | "keys">) {
+    return transaction(async (client) => {
+      const run = <P, R>(q: Query<P, R>, p: P) =>
+        runQuery(client, q, p, { prepared, timeoutMs: options.queryTimeoutMs });
+      const round = keyedAnswer(ws, await run(sql.ackKeyed, { ...pairs(held(ws)), ...handOff }));
+      // Only deliveries this round deleted under their token: a busy head or a lost lease inserts nothing.
+      const wrote = round.keys ? new Set(round.keys) : undefined;
+      const acked = ws.filter((w) => {
+        const k = key(w.held);
+        return !round.busy.has(k) && (wrote === undefined || wrote.has(k));
+      });
+      const follow = followUpParams(acked);
+      if (follow) await run(sql.insertFollowUps, { acked: acked.map((w) => w.held.id), ...follow });
+      return round;
+    });
+  }
+
+  function keyedAnswer(ws: readonly AckWrite[], rows: AckKeyedRow[]): KeyedRound {
     let deleted = 0;
     const keys: string[] = [];
     const busy = new Set<string>();
@@ -230,6 +269,43 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     failed: ws.map((w) => w.failed),
     maxErrorLength: options.maxErrorLength,
   });
+  // Follow-ups wake other workers like publishes do, throttled per queue the same way: the first of a
+  // window notifies in its own statement, a trailing notification covers the rest (a lost hint costs
+  // latency only: the poll finds the rows).
+  const throttle = new NotifyThrottle({
+    cooldownMs: 2,
+    maxCooldownMs: 8,
+    trailing: (queue) => {
+      run(options.pool(), NOTIFY, [options.names.channel, queue], {
+        timeoutMs: options.queryTimeoutMs,
+      }).catch(() => {});
+    },
+  });
+  /** The follow-ups of `ws` as statement parameters; undefined when they have none. */
+  const followUpParams = (ws: readonly AckWrite[]): FollowUpParams | undefined => {
+    const p: FollowUpParams = {
+      parents: [],
+      queues: [],
+      payloads: [],
+      headers: [],
+      keys: [],
+      availableAt: [],
+      delaysMs: [],
+      channel: options.names.channel,
+      wake: [],
+    };
+    const queuesSeen = new Set<string>();
+    for (const w of ws) {
+      for (const f of w.followUps ?? []) {
+        p.parents.push(w.held.id);
+        pushFollowUp(p, f);
+        queuesSeen.add(f.queue);
+      }
+    }
+    if (p.parents.length === 0) return undefined;
+    for (const q of queuesSeen) if (throttle.claim(q)) p.wake.push(q);
+    return p;
+  };
   const landed = (rows: KeyRow[]) => landedByKey(new Set(rows.map((r) => r.key)), key);
   const held = <W extends { held: Delivery }>(writes: readonly W[]) => writes.map((w) => w.held);
 
@@ -248,8 +324,14 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     },
 
     async ack(writes: readonly AckWrite[], handOff = 0): Promise<Landed> {
-      if (writes.some((w) => w.held.key !== null)) return completeKeyed(writes, handOff, ackRound);
-      const [result] = await query(sql.ack, pairs(held(writes)));
+      // Batches without follow-ups (nearly all) keep the plain statements: the follow-up ones cost more.
+      const follows = writes.some((w) => w.followUps !== undefined && w.followUps.length > 0);
+      if (writes.some((w) => w.held.key !== null))
+        return completeKeyed(writes, handOff, follows ? ackFollowUpRound : ackRound);
+      const follow = follows ? followUpParams(writes) : undefined;
+      const [result] = follow
+        ? await query(sql.ackFollowUps, { ...pairs(held(writes)), ...follow })
+        : await query(sql.ack, pairs(held(writes)));
       // The statement names the deleted deliveries only when some were not deleted.
       return result?.keys ? landedByKey(new Set(result.keys), key) : allLanded(writes.length);
     },

@@ -1,3 +1,4 @@
+import type { PreparedFollowUp } from "../contract/follow-up.js";
 import type { LeasedRow } from "../sql/fetch.js";
 
 /**
@@ -21,9 +22,13 @@ export interface Lease {
   readonly rows: readonly LeasedRow[];
 }
 
-/** An acknowledged delivery: the row is deleted. */
+/**
+ * An acknowledged delivery: the row is deleted, and its follow-ups are inserted in the same transaction
+ * only if that delete matched the token (a lost lease inserts nothing; a crash before commit neither).
+ */
 export interface AckWrite {
   readonly held: Delivery;
+  readonly followUps?: readonly PreparedFollowUp[];
 }
 
 /** A failed attempt: the lease is cleared and the row is due again after `delayMs` (server clock). */

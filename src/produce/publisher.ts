@@ -1,32 +1,16 @@
 import { z } from "zod";
-import { OutboxConfigError, OutboxPayloadError } from "../contract/errors.js";
+import { OutboxConfigError } from "../contract/errors.js";
+import { DEFAULT_MAX_PAYLOAD_BYTES, encodePayload } from "../contract/payload.js";
+import { checkPublishOptions, resolveQueue } from "../contract/prepare.js";
+import type { PublishOptions } from "../contract/publish-options.js";
+import type { QueueDefinition } from "../contract/queue.js";
 import { type Executor, isExecutor, run } from "../sql/executor.js";
 import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
 import { type InsertedRow, produceStatements } from "../sql/produce.js";
 import { loadTracing, tracingLoaded, withTraceContext } from "../util/tracing.js";
 import { NotifyThrottle } from "./notify-throttle.js";
-import { DEFAULT_MAX_PAYLOAD_BYTES, encodePayload } from "./payload.js";
-import { type QueueDefinition, validateQueueName } from "./queue.js";
 
-/** Per-message options of `publish`. */
-export interface PublishOptions {
-  /**
-   * Ordering key: messages of a queue with the same key are handled one at a time, in publish order. The
-   * key's advisory lock is taken before the id and held until your transaction ends: another transaction
-   * publishing the same key waits for it, so ids (and delivery) follow commit order.
-   */
-  key?: string;
-  /** Deliver no earlier than this many milliseconds after the producer's transaction started (server clock). */
-  delayMs?: number;
-  /** Deliver no earlier than this time. Exclusive with `delayMs`. */
-  availableAt?: Date;
-  /**
-   * String headers carried with the message, e.g. a W3C `traceparent`. With `@opentelemetry/api`
-   * installed and a propagator registered, the active trace context is added (`traceparent`,
-   * `tracestate`…) unless these headers already have a `traceparent`.
-   */
-  headers?: Record<string, string>;
-}
+export type { PublishOptions };
 
 /** One message of a `publishMany` batch: its payload and its own options. */
 export interface PublishItem<P> extends PublishOptions {
@@ -66,31 +50,7 @@ const MAX_ADAPTIVE_COOLDOWN_MS = 8;
  */
 export type PublisherOptions = z.input<typeof publisherOptionsSchema>;
 
-const publishOptionsSchema = z
-  .strictObject({
-    key: z.string().min(1).max(1024).optional(),
-    delayMs: z.number().finite().min(0).optional(),
-    availableAt: z
-      .date()
-      .refine((d) => !Number.isNaN(d.getTime()), "must be a valid Date")
-      .optional(),
-    headers: z.record(z.string(), z.string()).optional(),
-  })
-  .refine((o) => o.delayMs === undefined || o.availableAt === undefined, {
-    message: "give delayMs or availableAt, not both",
-    path: ["availableAt"],
-  });
-
-function describeIssues(error: z.ZodError): string {
-  return error.issues.map((i) => `${i.path.join(".") || "(options)"}: ${i.message}`).join("; ");
-}
-
 type QueueRef<I, O> = QueueDefinition<I, O> | string;
-
-function resolveQueue<I, O>(queue: QueueRef<I, O>): QueueDefinition<I, O> {
-  if (typeof queue === "string") return { name: validateQueueName(queue), schema: undefined };
-  return queue;
-}
 
 /** Writes outbox rows in the caller's transaction; made by {@link createPublisher}. */
 export interface Publisher {
@@ -137,19 +97,12 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
       })
     : undefined;
 
-  function checkOptions(queue: string, opts: PublishOptions | undefined) {
-    const result = publishOptionsSchema.safeParse(opts ?? {});
-    if (!result.success)
-      throw new OutboxPayloadError(queue, `invalid options: ${describeIssues(result.error)}`);
-    return result.data;
-  }
-
   return {
     schema: names.schema,
 
     async publish(trx, queueRef, payload, opts) {
       const queue = resolveQueue(queueRef);
-      const o = checkOptions(queue.name, opts);
+      const o = checkPublishOptions(queue.name, opts);
       const json = encodePayload(queue as QueueDefinition, payload, config.maxPayloadBytes);
       // Once per process: the optional OpenTelemetry API, imported on first use.
       if (!tracingLoaded()) await loadTracing();
@@ -177,7 +130,7 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
       if (!tracingLoaded()) await loadTracing();
       const encoded = items.map((item) => {
         const { payload: _payload, ...itemOptions } = item;
-        const o = checkOptions(queue.name, itemOptions);
+        const o = checkPublishOptions(queue.name, itemOptions);
         const payloadJson = encodePayload(queue as QueueDefinition, item.payload, config.maxPayloadBytes);
         return `{"payload":${payloadJson},"headers":${JSON.stringify(withTraceContext(o.headers) ?? {})},"key":${JSON.stringify(o.key ?? null)},"available_at":${JSON.stringify(o.availableAt?.toISOString() ?? null)},"delay_ms":${o.delayMs ?? 0}}`;
       });

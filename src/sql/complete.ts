@@ -1,6 +1,6 @@
 import { defineQuery, type Query } from "./executor.js";
 import type { LeasedRow } from "./fetch.js";
-import { TRY_KEY_LOCK } from "./key-lock.js";
+import { KEY_LOCK, TRY_KEY_LOCK } from "./key-lock.js";
 import type { OutboxNames } from "./names.js";
 import { type StatementSettings, settingsJoin, withSettings } from "./settings.js";
 
@@ -47,6 +47,17 @@ export interface CompleteStatements {
    * one write instead of a promotion and a later lease, and the key's next message starts without a fetch.
    */
   promote: Query<PromoteParams, PromotedRow>;
+  /**
+   * The ack of keyless deliveries with follow-ups, in ONE statement: the token-guarded delete, and the
+   * insert of each follow-up whose parent that delete returned (a parent taken over inserts nothing).
+   * Answers like `ack`, plus the number of follow-ups inserted.
+   */
+  ackFollowUps: Query<DeliveryParams & FollowUpParams, AckRow & { inserted: number }>;
+  /**
+   * The follow-ups of keyed deliveries, run in the transaction of their `ackKeyed` round after it: only
+   * those whose parent is among `acked` (the deliveries that round deleted) are inserted.
+   */
+  insertFollowUps: Query<{ acked: string[] } & FollowUpParams, { inserted: number }>;
   /** Clears the lease and schedules the row on the server clock → keys of the rows written. */
   retry: Query<
     DeliveryParams & { delaysMs: number[]; errors: string[]; failed: number[]; maxErrorLength: number },
@@ -60,6 +71,23 @@ export interface CompleteStatements {
   renew: Query<DeliveryParams & { leaseTtlMs: number }, KeyRow>;
   /** → each delivery's row fate, in input order: a read after a write whose answer was lost. */
   whereabouts: Query<DeliveryParams, { fate: "held" | "unleased" | "taken" | "dead" | "gone" }>;
+}
+
+/**
+ * Follow-up messages as parallel arrays, in insert order: `parents[i]` is the id of the delivery whose ack
+ * carries follow-up i. Payloads and headers are JSON text; `wake` names the queues to notify in the
+ * statement (the caller's throttle decides), on `channel`.
+ */
+export interface FollowUpParams {
+  parents: string[];
+  queues: string[];
+  payloads: string[];
+  headers: string[];
+  keys: (string | null)[];
+  availableAt: (Date | null)[];
+  delaysMs: (number | null)[];
+  channel: string;
+  wake: string[];
 }
 
 export type DeadParams = DeliveryParams & {
@@ -185,7 +213,65 @@ FROM gone AS g`;
     p.failed,
     p.maxErrorLength,
   ];
+  // Follow-ups go in like a publishMany: every key's lock taken first, in key order (no deadlock between two
+  // such inserts), then the ids, so a keyed follow-up gets its id in commit order behind any producer of
+  // its key; the key-head trigger marks whether it heads its key. `parents` restricts the rows to those
+  // whose parent ack matched: the guarantee that a follow-up never exists without its parent's delete.
+  const followUpRows = (parents: string, at: number) => `f AS MATERIALIZED (
+  SELECT f.* FROM unnest($${at}::bigint[], $${at + 1}::text[], $${at + 2}::text[], $${at + 3}::text[],
+                         $${at + 4}::text[], $${at + 5}::timestamptz[], $${at + 6}::double precision[]) WITH ORDINALITY
+    AS f(parent_id, queue, payload, headers, key, available_at, delay_ms, ord)
+  ${parents}
+), inserted AS (
+  INSERT INTO ${m} (queue, payload, headers, key, available_at)
+  SELECT f.queue, f.payload::jsonb, f.headers::jsonb, f.key,
+         COALESCE(f.available_at, now() + COALESCE(f.delay_ms, 0) * interval '1 millisecond')
+  FROM f CROSS JOIN (
+    SELECT count(*) FROM (
+      SELECT ${KEY_LOCK("k.queue", "k.key")} FROM (
+        SELECT DISTINCT f.queue, f.key FROM f WHERE f.key IS NOT NULL ORDER BY 1, 2
+      ) AS k
+    ) AS taken
+  ) AS key_locks
+  ORDER BY f.ord
+  RETURNING queue
+), wake AS (
+  -- Wakes other workers like a publish does, only for queues that got a row (and the throttle allowed).
+  SELECT count(pg_notify($${at + 7}::text, q.queue)) AS sent
+  FROM unnest($${at + 8}::text[]) AS q(queue) WHERE q.queue IN (SELECT i.queue FROM inserted AS i)
+)`;
+  const followUpValues = (p: FollowUpParams) => [
+    p.parents,
+    p.queues,
+    p.payloads,
+    p.headers,
+    p.keys,
+    p.availableAt,
+    p.delaysMs,
+    p.channel,
+    p.wake,
+  ];
   return {
+    ackFollowUps: defineQuery(
+      "ack_follow_ups",
+      `${withSettings(settings, true)}gone AS (
+  DELETE FROM ${m} AS t USING ${pairs} AS d(id, token)${also}
+  WHERE t.id = d.id AND t.acquired_token = d.token
+  RETURNING t.id, ${KEY} AS key
+), ${followUpRows("JOIN gone AS g ON g.id = f.parent_id", 3)}
+SELECT count(*)::int AS deleted,
+       CASE WHEN count(*) < cardinality($1::bigint[]) THEN COALESCE(array_agg(key), '{}') END AS keys,
+       (SELECT count(*)::int FROM inserted) AS inserted,
+       (SELECT sent FROM wake) AS sent
+FROM gone`,
+      (p) => [p.ids, p.tokens, ...followUpValues(p)],
+    ),
+    insertFollowUps: defineQuery(
+      "insert_follow_ups",
+      `WITH ${followUpRows("WHERE f.parent_id = ANY($1::bigint[])", 2)}
+SELECT (SELECT count(*)::int FROM inserted) AS inserted, (SELECT sent FROM wake) AS sent`,
+      (p) => [p.acked, ...followUpValues(p)],
+    ),
     deadKeyed: defineQuery(
       "dead_keyed",
       `${withSettings(settings, true)}${deadMove(true, `, ${KEY} AS delivery, t.key AS order_key`)}

@@ -1,4 +1,6 @@
+import { randomUUID } from "node:crypto";
 import { describe, expect, it } from "vitest";
+import type { PreparedFollowUp } from "../../src/contract/follow-up.js";
 import type { Delivery, LeaseStore } from "../../src/lease/store.js";
 
 /** What the contract needs to see and steer in a store's backing table. */
@@ -30,7 +32,18 @@ export interface LeaseStoreHarness {
     | undefined
   >;
   deadLetter(id: string): Promise<{ reason: string; error: string | null; attempts: number } | undefined>;
+  /** The rows of `queue` in id order, as follow-up checks read them. */
+  rowsOf(queue: string): Promise<{ payload: unknown; key: string | null; head: boolean; headers: object }[]>;
 }
+
+const follow = (queue: string, payload: unknown, key: string | null = null): PreparedFollowUp => ({
+  queue,
+  payloadText: JSON.stringify(payload),
+  key,
+  headers: { h: queue },
+  delayMs: null,
+  availableAt: null,
+});
 
 const deliveries = (token: string, ids: readonly string[]): Delivery[] => ids.map((id) => ({ id, token }));
 
@@ -98,6 +111,53 @@ export function leaseStoreContract(name: string, harness: () => LeaseStoreHarnes
       const store = h.store({ unorderedQueues: ["b"] });
       const lease = await store.lease(10);
       expect(lease.rows.map((r) => r.id).sort()).toEqual([...keyed, other].sort());
+    });
+
+    it("ack inserts a delivery's follow-ups only when its delete matched the token", async () => {
+      const h = harness();
+      const store = h.store();
+      const [mine, stale] = await h.insert("a", 2);
+      const lease = await store.lease(2);
+      const landed = await store.ack([
+        {
+          held: { id: mine ?? "", token: lease.token, key: null },
+          followUps: [follow("b", { n: 0 }), follow("b", { n: 1 }, "k")],
+        },
+        // A delivery whose lease was taken over: neither its delete nor its follow-up happens.
+        { held: { id: stale ?? "", token: randomUUID(), key: null }, followUps: [follow("b", { n: 2 })] },
+      ]);
+      expect([landed.has({ id: mine ?? "", token: lease.token }), landed.count]).toEqual([true, 1]);
+      expect(await h.row(stale ?? "")).toMatchObject({ token: lease.token });
+      expect(await h.rowsOf("b")).toEqual([
+        { payload: { n: 0 }, key: null, head: true, headers: { h: "b" } },
+        { payload: { n: 1 }, key: "k", head: true, headers: { h: "b" } },
+      ]);
+    });
+
+    it("a keyed ack's follow-up into the same key queues behind the key's next row", async () => {
+      const h = harness();
+      const store = h.store();
+      const [head, next] = await h.insert("a", 2, { key: "p" });
+      const lease = await store.lease(10);
+      expect(lease.rows.map((r) => r.id)).toEqual([head]);
+      const stale = await store.ack([
+        {
+          held: { id: head ?? "", token: randomUUID(), key: "p" },
+          followUps: [follow("a", { lost: true }, "p")],
+        },
+      ]);
+      expect(stale.count).toBe(0);
+      await store.ack([
+        {
+          held: { id: head ?? "", token: lease.token, key: "p" },
+          followUps: [follow("a", { step: 2 }, "p")],
+        },
+      ]);
+      expect(await h.rowsOf("a")).toEqual([
+        { payload: {}, key: "p", head: true, headers: {} },
+        { payload: { step: 2 }, key: "p", head: false, headers: { h: "a" } },
+      ]);
+      expect((await store.lease(10)).rows.map((r) => r.id)).toEqual([next]);
     });
 
     it("takes over an expired lease under a new token; the old delivery's writes land nowhere", async () => {

@@ -1,0 +1,333 @@
+import { beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { z } from "zod";
+import { constant, defineQueue, followUp, type Worker } from "../src/index.js";
+import { testDatabase } from "./helpers/database.js";
+import { nextEvent, publisherFor, until, workerFactory } from "./helpers/worker.js";
+
+/**
+ * Follow-up messages are inserted by their parent's ack, in its transaction and under its lease token:
+ * each test here counts follow-ups after a fault and finds exactly one set (or none where the parent was
+ * not acknowledged). The crash case, with a child process, is in follow-ups-crash.test.ts.
+ */
+
+const db = testDatabase("fup");
+const workers = workerFactory(db);
+const outbox = publisherFor(db.schema);
+
+beforeAll(() => db.migrate());
+beforeEach(async () => {
+  await db.pool.query(`TRUNCATE ${db.names.messages}, ${db.names.deadLetters}`);
+});
+
+async function publish(queue: string, payloads: unknown[], key?: string): Promise<string[]> {
+  return db.inTransaction((c) =>
+    outbox.publishMany(
+      c,
+      queue,
+      payloads.map((payload) => ({ payload, ...(key ? { key } : {}) })),
+    ),
+  );
+}
+
+interface Row {
+  id: string;
+  queue: string;
+  payload: unknown;
+  headers: Record<string, string>;
+  key: string | null;
+  delay_ms: number;
+  head: boolean;
+}
+
+async function rows(queue: string): Promise<Row[]> {
+  const { rows } = await db.pool.query<Row>(
+    `SELECT id::text, queue, payload, headers, key, head,
+            round(extract(epoch FROM available_at - created_at) * 1000)::int AS delay_ms
+     FROM ${db.names.messages} WHERE queue = $1 ORDER BY id`,
+    [queue],
+  );
+  return rows;
+}
+
+async function count(queue?: string): Promise<number> {
+  const { rows } = await db.pool.query(
+    `SELECT count(*)::int AS n FROM ${db.names.messages} WHERE $1::text IS NULL OR queue = $1`,
+    [queue ?? null],
+  );
+  return rows[0].n as number;
+}
+
+function gate() {
+  let open!: () => void;
+  const opened = new Promise<void>((resolve) => {
+    open = resolve;
+  });
+  return { open, opened };
+}
+
+/** Only the test's back-dating or theft ends a lease; one fetch at start, the next a minute later. */
+const longLease = {
+  leaseTtlMs: 60_000,
+  heartbeatMs: 30_000,
+  listen: false,
+  minPollIntervalMs: 60_000,
+  maxPollIntervalMs: 60_000,
+} as const;
+
+describe("follow-ups land once, as published", () => {
+  it("returned and context-published follow-ups carry their queue, payload, key, headers and delay", async () => {
+    const [parent] = await publish("parent", [{ n: 1 }]);
+    const big = "12345678901234567890";
+    const worker = await workers.start({
+      queues: {
+        parent: async (payload: unknown, message) => {
+          message.publish("via-context", { from: (payload as { n: number }).n }, { headers: { "x-a": "1" } });
+          message.publish("delayed", { later: true }, { delayMs: 60_000 });
+          return [
+            followUp("returned", { big: Number(big) }, { key: "k-1", headers: { "x-b": "2" } }),
+            followUp("returned", { second: true }, { key: "k-1" }),
+          ];
+        },
+      },
+    });
+    await until(async () => (await count("parent")) === 0, "the parent is acknowledged");
+    const [ctx] = await rows("via-context");
+    expect(ctx).toMatchObject({ payload: { from: 1 }, key: null, headers: { "x-a": "1" } });
+    expect(ctx?.delay_ms).toBeLessThan(1000);
+    const [delayed] = await rows("delayed");
+    expect(delayed?.payload).toEqual({ later: true });
+    expect(delayed?.delay_ms).toBeGreaterThanOrEqual(59_000);
+    const returned = await rows("returned");
+    expect(returned.map((r) => [r.payload, r.key, r.headers, r.head])).toEqual([
+      [{ big: Number(big) }, "k-1", { "x-b": "2" }, true],
+      // Same key, later id: waits behind the first.
+      [{ second: true }, "k-1", {}, false],
+    ]);
+    // Every follow-up is a new row, after its parent.
+    for (const r of [ctx, delayed, ...returned])
+      expect(BigInt(r?.id ?? 0)).toBeGreaterThan(BigInt(parent ?? 0));
+    await worker.stop();
+  });
+
+  it("a handler returning a value that is not a follow-up acks as before, publishing nothing", async () => {
+    await publish("plain", [{}]);
+    await workers.start({ queues: { plain: () => [1, { queue: "no payload" }] as never } });
+    await until(async () => (await count()) === 0, "acknowledged, nothing inserted");
+  });
+
+  it("follow-ups wake a listening worker like a publish does", async () => {
+    const handled: string[] = [];
+    // Polls only once a minute: only a notification can bring the follow-up to this worker quickly.
+    const listener = await workers.start({
+      minPollIntervalMs: 60_000,
+      maxPollIntervalMs: 60_000,
+      queues: { woken: (_p, m) => void handled.push(m.id) },
+    });
+    await workers.start({ queues: { waker: () => followUp("woken", {}) } });
+    await publish("waker", [{}]);
+    await until(() => handled.length === 1, "the follow-up reached the listening worker", 5000);
+    expect(listener.id).toBeTruthy();
+  });
+});
+
+describe("a lost lease publishes nothing", () => {
+  it("the first handler outlives its lease; the second owner's ack inserts the one set, the late ack none", async () => {
+    const [id] = await publish("chain", [{ step: 1 }]);
+    const finishA = gate();
+    let aRunning = false;
+    const a = await workers.start({
+      ...longLease,
+      queues: {
+        chain: async () => {
+          aRunning = true;
+          await finishA.opened;
+          return followUp("next", { by: "a" });
+        },
+      },
+    });
+    await until(() => aRunning, "A runs the parent");
+    const aLost = nextEvent<{ id: string }>(a, "lease_lost");
+    await db.pool.query(`UPDATE ${db.names.messages} SET lease_expires_at = now() - interval '1 second'`);
+    const b = await workers.start({
+      queues: { chain: (_p, m) => m.publish("next", { by: "b" }) },
+    });
+    const bAcked = nextEvent<{ id: string }>(b, "acked");
+    expect((await bAcked).id).toBe(id);
+    expect((await rows("next")).map((r) => r.payload)).toEqual([{ by: "b" }]);
+
+    finishA.open();
+    expect((await aLost).id).toBe(id);
+    expect((await rows("next")).map((r) => r.payload)).toEqual([{ by: "b" }]);
+  });
+
+  for (const keyed of [false, true]) {
+    it(`a batch of acks from several handlers, one lease stolen: only valid parents' follow-ups (${
+      keyed ? "keyed" : "keyless"
+    } parents)`, async () => {
+      const payloads = [0, 1, 2, 3].map((i) => ({ i }));
+      // Keyed parents each under their own key, so all four are heads and run at once.
+      const ids = keyed
+        ? (await Promise.all(payloads.map((p) => publish("batch", [p], `key-${p.i}`)))).flat()
+        : await publish("batch", payloads);
+      const finish = gate();
+      let running = 0;
+      const worker: Worker = await workers.start({
+        ...longLease,
+        concurrency: 4,
+        // A wide window: the four acks go out as one batch, in one statement (keyless) or transaction.
+        completionWindowMs: 200,
+        queues: {
+          batch: async (payload: unknown, message) => {
+            running++;
+            await finish.opened;
+            const { i } = payload as { i: number };
+            message.publish("next", { parent: i, form: "context" });
+            return followUp("next", { parent: i, form: "returned" }, { key: `next-${i % 2}` });
+          },
+        },
+      });
+      await until(() => running === 4, "four handlers run at once");
+      const stolen = ids[2];
+      await db.pool.query(
+        `UPDATE ${db.names.messages} SET acquired_token = gen_random_uuid(), acquired_by = 'thief' WHERE id = $1`,
+        [stolen],
+      );
+      const lost = nextEvent<{ id: string }>(worker, "lease_lost");
+      finish.open();
+      expect((await lost).id).toBe(stolen);
+      await until(async () => (await count("batch")) === 1, "the three valid parents are acknowledged");
+      const next = await rows("next");
+      const parents = next.map((r) => (r.payload as { parent: number }).parent);
+      expect(parents.sort()).toEqual([0, 0, 1, 1, 3, 3]);
+      // The stolen row is untouched: still the thief's.
+      const { rows: left } = await db.pool.query(
+        `SELECT id::text, acquired_by FROM ${db.names.messages} WHERE queue = 'batch'`,
+      );
+      expect(left).toEqual([{ id: stolen, acquired_by: "thief" }]);
+    });
+  }
+});
+
+describe("keyed follow-ups keep per-key order", () => {
+  it("chains that publish into their own key run one at a time, in id order, and never stall the key", async () => {
+    await publish(
+      "chain",
+      [
+        { c: "a", n: 0 },
+        { c: "b", n: 0 },
+      ],
+      "k",
+    );
+    const order: string[] = [];
+    let running = 0;
+    let overlap = 0;
+    await workers.start({
+      concurrency: 8,
+      queues: {
+        chain: async (payload: unknown, message) => {
+          const { c, n } = payload as { c: string; n: number };
+          running++;
+          if (running > 1) overlap++;
+          order.push(`${c}${n}`);
+          await new Promise((resolve) => setImmediate(resolve));
+          running--;
+          if (n < 3) message.publish("chain", { c, n: n + 1 }, { key: message.key ?? undefined });
+        },
+      },
+    });
+    await until(() => order.length === 8, "both chains ran to the end");
+    expect(overlap).toBe(0);
+    // Each follow-up queues behind the other chain's row, already in line: the chains interleave.
+    expect(order).toEqual(["a0", "b0", "a1", "b1", "a2", "b2", "a3", "b3"]);
+    await until(async () => (await count()) === 0, "the key drained");
+  });
+
+  it("follow-ups of many keyless parents into one key are delivered one at a time, in id order", async () => {
+    await publish(
+      "fan",
+      Array.from({ length: 20 }, (_, i) => ({ i })),
+    );
+    const seen: bigint[] = [];
+    let running = 0;
+    let overlap = 0;
+    await workers.start({
+      concurrency: 8,
+      queues: {
+        fan: (payload: unknown) => followUp("sink", payload, { key: "one" }),
+        sink: async (_payload: unknown, message) => {
+          running++;
+          if (running > 1) overlap++;
+          seen.push(BigInt(message.id));
+          await new Promise((resolve) => setImmediate(resolve));
+          running--;
+        },
+      },
+    });
+    await until(async () => (await count()) === 0, "every parent and follow-up acknowledged");
+    expect(seen).toHaveLength(20);
+    expect(overlap).toBe(0);
+    expect(seen).toEqual([...seen].sort((x, y) => (x < y ? -1 : 1)));
+  });
+});
+
+describe("an invalid follow-up fails the handler", () => {
+  const typed = defineQueue("typed", z.object({ n: z.number() }));
+
+  it("a follow-up Postgres would refuse (a NUL) fails its own handler, not the batch it would have joined", async () => {
+    await publish("mixed", [{ bad: true }, { bad: false }]);
+    const worker = await workers.start({
+      concurrency: 2,
+      completionWindowMs: 100,
+      retry: constant(60_000),
+      queues: {
+        mixed: (payload: unknown) => {
+          const { bad } = payload as { bad: boolean };
+          return followUp("out", { text: bad ? "a\u0000b" : "fine" });
+        },
+      },
+    });
+    const retried = nextEvent<{ error: string }>(worker, "retried");
+    expect((await retried).error).toMatch(/NUL/);
+    await until(async () => (await count("out")) === 1, "the valid parent's follow-up landed");
+    expect((await rows("out")).map((r) => r.payload)).toEqual([{ text: "fine" }]);
+    expect(await count("mixed")).toBe(1);
+  });
+
+  it("message.publish after the handler returned throws: the outcome was already decided", async () => {
+    await publish("late", [{}]);
+    let late: (() => void) | undefined;
+    await workers.start({
+      queues: {
+        late: (_p, message) => {
+          late = () => message.publish("never", {});
+        },
+      },
+    });
+    await until(async () => (await count("late")) === 0, "acknowledged");
+    expect(() => late?.()).toThrow(/after the handler returned/);
+    expect(await count("never")).toBe(0);
+  });
+
+  it("the delivery is retried and nothing is inserted; a valid run then publishes once", async () => {
+    await publish("source", [{}]);
+    let attempt = 0;
+    const worker = await workers.start({
+      retry: constant(10),
+      queues: {
+        source: (_p, message) => {
+          attempt++;
+          if (attempt === 1) message.publish(typed, { n: 1 }); // valid, but dropped with the failed run
+          if (attempt === 1) return followUp(typed, { n: "not a number" } as never);
+          if (attempt === 2) message.publish("x", {}, { delayMs: 1, availableAt: new Date() });
+          return followUp(typed, { n: 3 });
+        },
+      },
+    });
+    const retried = nextEvent<{ error: string }>(worker, "retried");
+    expect((await retried).error).toMatch(/invalid payload.*n/);
+    await until(async () => (await count("source")) === 0, "the third run acks");
+    expect(attempt).toBe(3);
+    expect((await rows("typed")).map((r) => r.payload)).toEqual([{ n: 3 }]);
+    expect(await count("x")).toBe(0);
+  });
+});
