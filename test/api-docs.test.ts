@@ -58,8 +58,11 @@ describe("API reference (docs/api/, generated from the TSDoc by typedoc)", () =>
       expect(stored.equals(fresh), `${REGENERATE} (docs/api/${file} differs)`).toBe(true);
     }
 
-    // (c) The exports the issue names each have their entry in the index.
-    const index = await readFile(path.join(out, "README.md"), "utf8");
+    // (c) The exports the issue names each have their entry in the main entry's index (one module per
+    // package entry point: index for "pg-outbox-worker", testing for "pg-outbox-worker/testing").
+    const modules = await readFile(path.join(out, "README.md"), "utf8");
+    expect(modules).toMatch(/\[testing\]\(testing\/README\.md\)/);
+    const index = await readFile(path.join(out, "index", "README.md"), "utf8");
     for (const name of [
       "queueStatus",
       "peekMessages",

@@ -91,6 +91,50 @@ describe("the built package", () => {
     }
   });
 
+  it("loads pg-outbox-worker/testing from CommonJS and ES modules, sharing the main entry's classes", async () => {
+    // The harness must classify the PermanentError a handler imports from the main entry: one module graph.
+    const probe = `
+      const outbox = MAIN;
+      const testing = TESTING;
+      const clock = testing.createManualClock();
+      const rejected = await testing.testHandler(() => { throw new outbox.PermanentError("no"); })({});
+      const pending = testing.testHandler({ timeoutMs: 50, handler: () => new Promise(() => {}) }, { clock })({});
+      await new Promise((resolve) => setImmediate(resolve));
+      clock.advance(50);
+      const timedOut = await pending;
+      console.log(JSON.stringify({
+        exports: Object.keys(testing).sort(),
+        rejected: rejected.reason,
+        timedOut: timedOut.kind + ":" + timedOut.timedOut,
+      }));`;
+    const wrap = (body: string) =>
+      `(async () => {${body}})().catch((e) => { console.error(e); process.exit(1); });`;
+    await writeFile(
+      path.join(app, "testing.cjs"),
+      wrap(
+        probe
+          .replace("MAIN", 'require("pg-outbox-worker")')
+          .replace("TESTING", 'require("pg-outbox-worker/testing")'),
+      ),
+    );
+    await writeFile(
+      path.join(app, "testing.mjs"),
+      probe
+        .replace("MAIN", 'await import("pg-outbox-worker")')
+        .replace("TESTING", 'await import("pg-outbox-worker/testing")'),
+    );
+    for (const file of ["testing.cjs", "testing.mjs"]) {
+      const out = await node([file]);
+      expect(out.stderr, file).toBe("");
+      expect(out.code, file).toBe(0);
+      expect(JSON.parse(out.stdout), file).toEqual({
+        exports: ["createManualClock", "systemClock", "testHandler"],
+        rejected: "rejected",
+        timedOut: "retried:true",
+      });
+    }
+  });
+
   it("does not load the broker clients until a relay of their type is created", async () => {
     // A resolve hook (module.register) records every module the app's imports resolve to, whatever its
     // format, in a file: amqplib, ioredis and nats are CommonJS, so an ESM-only check would miss them.

@@ -41,6 +41,7 @@ const ALLOWED: Record<string, readonly string[]> = {
   inspect: ["sql", "migrate", "contract", "util"],
   console: ["inspect", "worker", "sql", "contract", "util"],
   describe: ["relay", "produce", "contract", "util"],
+  testing: ["worker", "dispatch", "produce", "contract"],
   service: SERVICE_IMPORTS,
   cli: ["service", "describe", ...SERVICE_IMPORTS],
 };

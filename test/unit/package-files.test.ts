@@ -20,9 +20,40 @@ describe("what the package ships", () => {
     expect(mentioned.length).toBeGreaterThan(0);
     for (const file of mentioned) {
       expect(existsSync(file), `${file} exists`).toBe(true);
-      expect(packed.has(file), `${file} is in the package`).toBe(true);
+      // The consumer examples run from a checkout (tsx, generated types, the repository's sources): the
+      // README says so, and shipping them would hand users imports of src/ that do not exist.
+      const repositoryOnly = file.startsWith("examples/consumers/");
+      expect(packed.has(file), `${file} is ${repositoryOnly ? "not " : ""}in the package`).toBe(
+        !repositoryOnly,
+      );
     }
     expect(packed.has("LICENSE")).toBe(true);
     expect([...packed].filter((f) => f.startsWith("migrations/")).length).toBeGreaterThan(0);
+  });
+
+  it("holds every file package.json's exports point at (the main entry and pg-outbox-worker/testing)", async () => {
+    const { stdout } = await exec("npm", ["pack", "--dry-run", "--ignore-scripts", "--json"], {
+      timeout: 60_000,
+    });
+    const packed = new Set(
+      (JSON.parse(stdout) as { files: { path: string }[] }[])[0]?.files.map((f) => f.path) ?? [],
+    );
+    const { exports } = JSON.parse(await readFile("package.json", "utf8")) as {
+      exports: Record<string, unknown>;
+    };
+    expect(Object.keys(exports)).toEqual(expect.arrayContaining([".", "./testing"]));
+    // Every condition's target, nested or not: a types path missing from dist/ breaks only type checking.
+    const targets = (value: unknown): string[] =>
+      typeof value === "string" ? [value] : Object.values(value as object).flatMap(targets);
+    for (const [subpath, conditions] of Object.entries(exports)) {
+      for (const target of targets(conditions)) {
+        expect(packed.has(target.replace(/^\.\//, "")), `${subpath} → ${target} is in the package`).toBe(
+          true,
+        );
+        // …built from a source that exists: a stale file left in dist/ must not pass for an entry.
+        const source = target.match(/^\.\/dist\/(.+?)(?:\.d\.ts|\.js)$/)?.[1];
+        if (source) expect(existsSync(`src/${source}.ts`), `${target}'s source`).toBe(true);
+      }
+    }
   });
 });

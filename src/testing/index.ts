@@ -1,0 +1,19 @@
+/**
+ * `pg-outbox-worker/testing`: run a queue's handler without a database and get back what the worker would
+ * write (acked with follow-ups, retried with its delay, dead-lettered with its reason, lost).
+ *
+ * @packageDocumentation
+ */
+export type { Clock, ManualClock } from "./clock.js";
+export { createManualClock, systemClock } from "./clock.js";
+export type { TestMessage } from "./context.js";
+export type { HandlerRun, HarnessOptions, TestRunOptions } from "./harness.js";
+export { testHandler } from "./harness.js";
+export type {
+  AckedOutcome,
+  DeadOutcome,
+  LostOutcome,
+  RetriedOutcome,
+  TestFollowUp,
+  TestOutcome,
+} from "./outcome.js";
