@@ -51,15 +51,21 @@ const pool = new pg.Pool({ connectionString: DATABASE_URL, max: 4 });
 await pool.query(`DROP SCHEMA IF EXISTS ${names.quotedSchema} CASCADE`);
 await migrate({ connection: DATABASE_URL, schema });
 
+const FILL_CHUNK = 2000;
+
 async function fill(keyed: boolean): Promise<void> {
   await pool.query(`TRUNCATE ${names.messages}`);
-  await pool.query(
-    `INSERT INTO ${names.messages} (queue, payload, key)
-     SELECT 'parent', jsonb_build_object('orderId', g, 'customer', 'customer-' || (g % 97), 'note', repeat('x', 48)),
-            CASE WHEN $2 THEN 'k-' || g END
-     FROM generate_series(1, $1) AS g`,
-    [rows, keyed],
-  );
+  // In chunks: the key-head trigger takes each new key's advisory lock until commit, and one statement of
+  // 50,000 keys would run out of the lock table (max_locks_per_transaction).
+  for (let from = 1; from <= rows; from += FILL_CHUNK) {
+    await pool.query(
+      `INSERT INTO ${names.messages} (queue, payload, key)
+       SELECT 'parent', jsonb_build_object('orderId', g, 'customer', 'customer-' || (g % 97), 'note', repeat('x', 48)),
+              CASE WHEN $3 THEN 'k-' || g END
+       FROM generate_series($1::int, $2::int) AS g`,
+      [from, Math.min(rows, from + FILL_CHUNK - 1), keyed],
+    );
+  }
   await pool.query(`VACUUM ANALYZE ${names.messages}`);
 }
 
