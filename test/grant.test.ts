@@ -2,6 +2,7 @@ import { randomBytes, randomUUID } from "node:crypto";
 import path from "node:path";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { followUp } from "../src/contract/follow-up.js";
 import { PermanentError, TransientError } from "../src/contract/handler-errors.js";
 import { tableHealth } from "../src/inspect/table-health.js";
 import { constant } from "../src/retry/strategies.js";
@@ -20,7 +21,7 @@ import { repairKeyHeadsStatement } from "../src/sql/key-heads.js";
 import { runCli } from "./helpers/cli-in-process.js";
 import { serviceEnv, startCli } from "./helpers/cli-process.js";
 import { testDatabase } from "./helpers/database.js";
-import { publisherFor, until, workerFactory } from "./helpers/worker.js";
+import { nextEvent, publisherFor, until, workerFactory } from "./helpers/worker.js";
 
 /**
  * Each side's rights, on a real server: what every role can do as the CLI and the worker do it, what it is
@@ -37,6 +38,7 @@ const role = {
   inspector: `grt_inspector_${tag}`,
   repairer: `grt_repairer_${tag}`,
   expirer: `grt_expirer_${tag}`,
+  chainer: `grt_chainer_${tag}`,
 };
 const ROLES = Object.values(role);
 
@@ -109,6 +111,11 @@ beforeAll(async () => {
     owner,
   );
   expect(third, third.stderr).toMatchObject({ code: 0 });
+  const fourth = await runCli(
+    ["grant", "--schema", schema, "--worker", role.chainer, "--worker-can-follow-up"],
+    owner,
+  );
+  expect(fourth, fourth.stderr).toMatchObject({ code: 0 });
   producer = poolAs(role.producer);
   worker = poolAs(role.worker);
   inspector = poolAs(role.inspector);
@@ -178,6 +185,9 @@ describe("outbox-worker grant: what each role holds", () => {
     ];
     expect(await privilegesOf(role.worker)).toEqual([...workerRights].sort());
     expect(await privilegesOf(role.expirer)).toEqual([...workerRights, "dead_letters: DELETE"].sort());
+    expect(await privilegesOf(role.chainer)).toEqual(
+      [...workerRights, ...columns("messages", PRODUCER_INSERT_COLUMNS, "INSERT")].sort(),
+    );
     const inspectorRights = [
       "schema: USAGE",
       "unprocessed: SELECT",
@@ -269,6 +279,7 @@ describe("producer", () => {
 
 describe("worker", () => {
   const workers = workerFactory({ url: urlAs(role.worker), schema });
+  const chainers = workerFactory({ url: urlAs(role.chainer), schema });
 
   it("passes the service's start-up checks", async () => {
     await checkSchema({ pool: worker, schema });
@@ -389,6 +400,37 @@ describe("worker", () => {
       }
     }
   }, 120_000);
+
+  it("inserts its handlers' follow-ups only with --worker-can-follow-up; without it the ack is refused, naming the grant", async () => {
+    const client = await db.pool.connect();
+    try {
+      await client.query("BEGIN");
+      await outbox.publish(client, "w.step1", { n: 1 });
+      await client.query("COMMIT");
+    } finally {
+      client.release();
+    }
+    const step = { "w.step1": (p: unknown) => followUp("w.step2", p) };
+    const plain = await workers.start({ queues: step });
+    const refusal = await nextEvent<{ loop: string; error: Error }>(
+      plain,
+      "loop_error",
+      (e) => e.loop === "complete",
+    );
+    expect(refusal.error.message).toMatch(/permission denied/);
+    expect(refusal.error.message).toContain("--worker-can-follow-up");
+    await plain.stop({ timeoutMs: 2000 });
+    // Nothing half-done: the parent is still there, no follow-up exists.
+    const before = await db.pool.query(`SELECT queue FROM ${names.messages} WHERE queue LIKE 'w.step%'`);
+    expect(before.rows).toEqual([{ queue: "w.step1" }]);
+    await db.pool.query(`UPDATE ${names.messages} SET lease_expires_at = now() WHERE queue = 'w.step1'`);
+
+    await chainers.start({ queues: step });
+    await until(async () => {
+      const { rows } = await db.pool.query(`SELECT queue FROM ${names.messages} WHERE queue LIKE 'w.step%'`);
+      return rows.length === 1 && rows[0].queue === "w.step2";
+    }, "the parent acked and its follow-up inserted by the chainer role");
+  });
 
   it("is refused inserts, dead-letter deletes, migrations writes and every DDL", async () => {
     const m = names.messages;

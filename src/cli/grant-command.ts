@@ -5,7 +5,8 @@ import { parseCommandArgs, schemaFrom, UsageError, withDatabase } from "./args.j
 import { type CliIo, print } from "./io.js";
 
 export const grantUsage = `Usage: outbox-worker grant [--producer ROLES] [--worker ROLES] [--inspector ROLES]
-                          [--inspector-can-repair] [--worker-can-expire] [--create]
+                          [--inspector-can-repair] [--worker-can-expire] [--worker-can-follow-up]
+                          [--create]
                           [--schema NAME] [--database-url URL] [--print]
 
 Give existing roles exactly the rights their side needs on the outbox schema (least privilege):
@@ -23,6 +24,7 @@ Options:
   --inspector ROLES        roles that inspect (status, peek, dead-letters list/show)
   --inspector-can-repair   inspectors may also replay and purge dead letters
   --worker-can-expire      workers may also delete old dead letters (deadLetterRetentionMs)
+  --worker-can-follow-up   workers may also insert messages (handlers that publish follow-ups)
   --create                 create missing roles as NOLOGIN (no password: add LOGIN and a password yourself)
   --schema NAME            outbox schema (default: ${DEFAULT_SCHEMA}, or OUTBOX_SCHEMA)
   --database-url URL       Postgres connection string (default: DATABASE_URL)
@@ -45,6 +47,7 @@ export async function grantCommand(argv: string[], io: CliIo): Promise<number> {
     inspector: { type: "string" },
     "inspector-can-repair": { type: "boolean" },
     "worker-can-expire": { type: "boolean" },
+    "worker-can-follow-up": { type: "boolean" },
     create: { type: "boolean" },
     schema: { type: "string" },
     "database-url": { type: "string" },
@@ -65,6 +68,7 @@ export async function grantCommand(argv: string[], io: CliIo): Promise<number> {
       create: values.create === true,
       inspectorCanRepair: values["inspector-can-repair"] === true,
       workerCanExpire: values["worker-can-expire"] === true,
+      workerCanFollowUp: values["worker-can-follow-up"] === true,
     };
   } catch (error) {
     if (error instanceof OutboxConfigError) throw new UsageError(error.message);
@@ -77,6 +81,9 @@ export async function grantCommand(argv: string[], io: CliIo): Promise<number> {
   }
   if (plan.workerCanExpire && (plan.worker ?? []).length === 0) {
     throw new UsageError("--worker-can-expire needs --worker");
+  }
+  if (plan.workerCanFollowUp && (plan.worker ?? []).length === 0) {
+    throw new UsageError("--worker-can-follow-up needs --worker");
   }
   if (values.print) {
     io.stdout(grantScript(plan));
@@ -108,12 +115,14 @@ export async function grantCommand(argv: string[], io: CliIo): Promise<number> {
       ["inspector", plan.inspector],
     ] as const) {
       for (const role of list ?? []) {
-        const extra =
-          side === "inspector" && plan.inspectorCanRepair
-            ? " (with repair)"
-            : side === "worker" && plan.workerCanExpire
-              ? " (with dead-letter expiry)"
-              : "";
+        const extras =
+          side === "inspector"
+            ? [plan.inspectorCanRepair && "repair"]
+            : side === "worker"
+              ? [plan.workerCanExpire && "dead-letter expiry", plan.workerCanFollowUp && "follow-ups"]
+              : [];
+        const given = extras.filter(Boolean);
+        const extra = given.length > 0 ? ` (with ${given.join(" and ")})` : "";
         print(io, `granted ${side} rights on schema "${schema}" to ${role}${extra}`);
       }
     }

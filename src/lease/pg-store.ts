@@ -1,6 +1,7 @@
 import { randomUUID } from "node:crypto";
 import { setTimeout as delay } from "node:timers/promises";
 import type pg from "pg";
+import { OutboxError } from "../contract/errors.js";
 import type { PreparedFollowUp } from "../contract/follow-up.js";
 import {
   type AckKeyedRow,
@@ -80,6 +81,26 @@ interface KeyedRound {
 }
 
 /** The lease store on Postgres: the fetch statement and the token-guarded writes of src/sql. */
+
+/**
+ * A follow-up insert the worker's role may not make fails every retry of its batch until the worker stops:
+ * the error says which grant gives the right, not only "permission denied" (the code stays 42501).
+ */
+async function insertingFollowUps<T>(write: () => Promise<T>): Promise<T> {
+  try {
+    return await write();
+  } catch (error) {
+    if ((error as { code?: unknown }).code !== "42501") throw error;
+    throw Object.assign(
+      new OutboxError(
+        `cannot insert follow-up messages: ${(error as Error).message} (the worker's role needs INSERT on messages: outbox-worker grant --worker <role> --worker-can-follow-up)`,
+        { cause: error },
+      ),
+      { code: "42501" },
+    );
+  }
+}
+
 export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
   const settings = { synchronousCommit: options.synchronousCommit };
   const leaseSql = fetchStatement(options.names, settings);
@@ -220,7 +241,11 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
         return !round.busy.has(k) && (wrote === undefined || wrote.has(k));
       });
       const follow = followUpParams(acked);
-      if (follow) await run(sql.insertFollowUps, { acked: acked.map((w) => w.held.id), ...follow });
+      if (follow) {
+        await insertingFollowUps(() =>
+          run(sql.insertFollowUps, { acked: acked.map((w) => w.held.id), ...follow }),
+        );
+      }
       return round;
     });
   }
@@ -330,7 +355,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
         return completeKeyed(writes, handOff, follows ? ackFollowUpRound : ackRound);
       const follow = follows ? followUpParams(writes) : undefined;
       const [result] = follow
-        ? await query(sql.ackFollowUps, { ...pairs(held(writes)), ...follow })
+        ? await insertingFollowUps(() => query(sql.ackFollowUps, { ...pairs(held(writes)), ...follow }))
         : await query(sql.ack, pairs(held(writes)));
       // The statement names the deleted deliveries only when some were not deleted.
       return result?.keys ? landedByKey(new Set(result.keys), key) : allLanded(writes.length);

@@ -14,7 +14,8 @@ import { outboxNames, quoteLiteral } from "./names.js";
  *   dead_letters SELECT/INSERT/UPDATE: UPDATE for the upsert of a replayed message that dies again), EXECUTE
  *   on ack_keyed/promote_heads, schema_migrations SELECT for the version check. No INSERT, no DDL, no TRUNCATE.
  *   With expire: DELETE on dead_letters, for the service's dead-letter retention (its FOR UPDATE SKIP LOCKED
- *   is covered by the UPDATE the worker already has).
+ *   is covered by the UPDATE the worker already has). With follow-up: INSERT of the producer's columns, for
+ *   handlers that publish follow-up messages (inserted by the worker with its ack).
  * - inspector: the `unprocessed` view (peek; a view reads its table with its owner's rights), the columns of
  *   messages that `status` and the replay preview read (no payload, headers or error), dead_letters SELECT.
  *   With repair: replay (INSERT into messages with the dead letter's own id, DELETE from dead_letters; its
@@ -33,6 +34,8 @@ export interface GrantPlan {
   inspectorCanRepair?: boolean;
   /** The worker may also delete old dead letters (the service's deadLetterRetentionMs). */
   workerCanExpire?: boolean;
+  /** The worker may also insert messages: its handlers' follow-ups, written with their ack. */
+  workerCanFollowUp?: boolean;
 }
 
 const ROLE_NAME = /^[a-z_][a-z0-9_]*$/;
@@ -148,6 +151,9 @@ $$`);
     for (const fn of WORKER_FUNCTIONS) out.push(`GRANT EXECUTE ON FUNCTION ${s}.${fn} TO ${r}`);
     // Retention is off by default: without it, a worker has no reason to destroy dead letters.
     if (plan.workerCanExpire) out.push(`GRANT DELETE ON ${names.deadLetters} TO ${r}`);
+    // Only handlers that publish follow-ups need it; without them a worker never creates messages.
+    if (plan.workerCanFollowUp)
+      out.push(`GRANT INSERT (${cols(PRODUCER_INSERT_COLUMNS)}) ON ${names.messages} TO ${r}`);
   }
   for (const role of sides.inspector) {
     const r = quoteRole(role);

@@ -40,6 +40,15 @@ describe("grantStatements", () => {
     );
   });
 
+  it("lets the worker insert messages (follow-ups) only with workerCanFollowUp, and only the producer's columns", () => {
+    expect(grantStatements({ schema: "s", worker: ["w"] }).join("\n")).not.toMatch(
+      /INSERT .*ON "s".messages/,
+    );
+    expect(grantStatements({ schema: "s", worker: ["w"], workerCanFollowUp: true })).toContain(
+      'GRANT INSERT (queue, payload, headers, key, available_at) ON "s".messages TO "w"',
+    );
+  });
+
   it("creates missing roles NOLOGIN, never with a password, only with create", () => {
     expect(grantScript({ schema: "s", worker: ["w"] })).not.toContain("CREATE ROLE");
     const script = grantScript({ schema: "s", worker: ["w"], create: true });
