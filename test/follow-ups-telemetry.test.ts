@@ -1,14 +1,7 @@
-import { context, propagation, trace } from "@opentelemetry/api";
-import { AsyncHooksContextManager } from "@opentelemetry/context-async-hooks";
-import { W3CTraceContextPropagator } from "@opentelemetry/core";
-import {
-  BasicTracerProvider,
-  InMemorySpanExporter,
-  SimpleSpanProcessor,
-} from "@opentelemetry/sdk-trace-base";
-import { afterAll, beforeAll, expect, it } from "vitest";
+import { beforeAll, expect, it } from "vitest";
 import { followUp } from "../src/index.js";
 import { testDatabase } from "./helpers/database.js";
+import { registerTestTracing } from "./helpers/otel.js";
 import { publisherFor, until, workerFactory } from "./helpers/worker.js";
 
 /**
@@ -20,20 +13,10 @@ import { publisherFor, until, workerFactory } from "./helpers/worker.js";
 const db = testDatabase("fupot");
 const workers = workerFactory(db);
 const outbox = publisherFor(db.schema);
-const exporter = new InMemorySpanExporter();
-const provider = new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(exporter)] });
+const exporter = registerTestTracing();
 
 beforeAll(async () => {
-  context.setGlobalContextManager(new AsyncHooksContextManager().enable());
-  propagation.setGlobalPropagator(new W3CTraceContextPropagator());
-  trace.setGlobalTracerProvider(provider);
   await db.migrate();
-});
-afterAll(async () => {
-  trace.disable();
-  propagation.disable();
-  context.disable();
-  await provider.shutdown();
 });
 
 it("returned and context-published follow-ups carry the handler's trace context", async () => {

@@ -5,21 +5,15 @@ import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
-import { context, createTraceState, propagation, SpanKind, SpanStatusCode, trace } from "@opentelemetry/api";
-import { AsyncHooksContextManager } from "@opentelemetry/context-async-hooks";
-import { W3CTraceContextPropagator } from "@opentelemetry/core";
-import {
-  BasicTracerProvider,
-  InMemorySpanExporter,
-  type ReadableSpan,
-  SimpleSpanProcessor,
-} from "@opentelemetry/sdk-trace-base";
+import { context, createTraceState, SpanKind, SpanStatusCode, trace } from "@opentelemetry/api";
+import type { ReadableSpan } from "@opentelemetry/sdk-trace-base";
 import pino from "pino";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { createRelay } from "../src/relay/create-relay.js";
 import type { Relay } from "../src/relay/relay.js";
 import { constant } from "../src/retry/strategies.js";
 import { testDatabase } from "./helpers/database.js";
+import { registerTestTracing } from "./helpers/otel.js";
 import { publisherFor, until, workerFactory } from "./helpers/worker.js";
 
 /**
@@ -31,22 +25,11 @@ const db = testDatabase("otel");
 const workers = workerFactory(db);
 const outbox = publisherFor(db.schema);
 
-const exporter = new InMemorySpanExporter();
-const provider = new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(exporter)] });
-const contextManager = new AsyncHooksContextManager();
+const exporter = registerTestTracing();
 const tracer = trace.getTracer("test");
 
 beforeAll(async () => {
-  context.setGlobalContextManager(contextManager.enable());
-  propagation.setGlobalPropagator(new W3CTraceContextPropagator());
-  trace.setGlobalTracerProvider(provider);
   await db.migrate();
-});
-afterAll(async () => {
-  trace.disable();
-  propagation.disable();
-  context.disable();
-  await provider.shutdown();
 });
 beforeEach(() => exporter.reset());
 
