@@ -3,6 +3,7 @@ export type { FollowUp } from "./contract/follow-up.js";
 export { followUp } from "./contract/follow-up.js";
 export type { Handler, HandlerResult, MessageContext, QueueConfig } from "./contract/handler.js";
 export { PermanentError, TransientError } from "./contract/handler-errors.js";
+export type { QueueDefinition } from "./contract/queue.js";
 export type { RetryContext, RetryDecision, RetryStrategy } from "./contract/retry.js";
 export type {
   DeadLetter,
@@ -31,7 +32,6 @@ export { disableNotifyTrigger, enableNotifyTrigger } from "./migrate/notify-trig
 export type { ListenerState } from "./notify/notifier.js";
 export type { Publisher, PublisherOptions, PublishItem, PublishOptions } from "./produce/publisher.js";
 export { createPublisher, publish, publishMany } from "./produce/publisher.js";
-export type { QueueDefinition } from "./produce/queue.js";
 export { defineQueue } from "./produce/queue.js";
 export type { RelayConfig } from "./relay/config.js";
 export { createRelay } from "./relay/create-relay.js";

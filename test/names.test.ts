@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { OutboxConfigError } from "../src/contract/errors.js";
-import { validateQueueName } from "../src/produce/queue.js";
+import { validateQueueName } from "../src/contract/queue.js";
 import { outboxNames, validateSchemaName } from "../src/sql/names.js";
 import { findJsonSyntaxError, parseJsonQuietly } from "../src/util/json-error.js";
 import {

@@ -1,6 +1,6 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { NotifyThrottle } from "../src/produce/notify-throttle.js";
+import { NotifyThrottle } from "../src/util/notify-throttle.js";
 
 /** A throttle on a fake clock whose timers run when the test advances time. */
 function harness(cooldownMs: number, withTrailing = true, maxCooldownMs?: number) {

@@ -1,7 +1,7 @@
 import path from "node:path";
 import { OutboxConfigError } from "../contract/errors.js";
+import type { QueueDefinition } from "../contract/queue.js";
 import { queuesOfModule } from "../describe/queues-of-module.js";
-import type { QueueDefinition } from "../produce/queue.js";
 import { importUserModule } from "../service/user-module.js";
 
 /**

@@ -1,5 +1,5 @@
 import { stringify } from "yaml";
-import type { QueueDefinition } from "../produce/queue.js";
+import type { QueueDefinition } from "../contract/queue.js";
 import type { RelayConfig } from "../relay/config.js";
 import { registerSecrets, registerUrlSecrets, scrubDeep } from "../util/redact.js";
 import { type JsonSchema, payloadJsonSchema } from "./json-schema.js";

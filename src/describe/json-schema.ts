@@ -1,6 +1,6 @@
 import { z } from "zod";
 import { OutboxConfigError } from "../contract/errors.js";
-import type { QueueDefinition } from "../produce/queue.js";
+import type { QueueDefinition } from "../contract/queue.js";
 
 /** A JSON Schema document, as plain JSON. */
 export type JsonSchema = Record<string, unknown>;

@@ -1,6 +1,6 @@
 import type { z } from "zod";
 import { OutboxConfigError } from "../contract/errors.js";
-import { type QueueDefinition, validateQueueName } from "../produce/queue.js";
+import { type QueueDefinition, validateQueueName } from "../contract/queue.js";
 
 type AnyQueue = QueueDefinition<unknown, unknown>;
 

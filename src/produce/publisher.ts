@@ -7,8 +7,8 @@ import type { QueueDefinition } from "../contract/queue.js";
 import { type Executor, isExecutor, run } from "../sql/executor.js";
 import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
 import { type InsertedRow, produceStatements } from "../sql/produce.js";
+import { NotifyThrottle } from "../util/notify-throttle.js";
 import { loadTracing, tracingLoaded, withTraceContext } from "../util/tracing.js";
-import { NotifyThrottle } from "./notify-throttle.js";
 
 export type { PublishOptions };
 

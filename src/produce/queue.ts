@@ -1,9 +1,6 @@
 import type { z } from "zod";
 import { type QueueDefinition, validateQueueName } from "../contract/queue.js";
 
-// The definition and the name rules live in contract/ (the handler contract's follow-ups name queues too).
-export { MAX_QUEUE_NAME_BYTES, type QueueDefinition, validateQueueName } from "../contract/queue.js";
-
 /** Define a typed queue: `publish` accepts the schema's input type and stores its output. */
 export function defineQueue<S extends z.ZodType>(
   name: string,

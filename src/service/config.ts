@@ -1,7 +1,7 @@
 import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { z } from "zod";
-import { validateQueueName } from "../produce/queue.js";
+import { validateQueueName } from "../contract/queue.js";
 import { relayConfigSchema } from "../relay/config.js";
 import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
 import { parseJsonQuietly } from "../util/json-error.js";

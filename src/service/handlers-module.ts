@@ -1,6 +1,6 @@
 import path from "node:path";
 import type { Handler, QueueConfig } from "../contract/handler.js";
-import { validateQueueName } from "../produce/queue.js";
+import { validateQueueName } from "../contract/queue.js";
 import { ConfigError } from "./config.js";
 import { importUserModule } from "./user-module.js";
 

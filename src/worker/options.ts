@@ -4,8 +4,8 @@ import type { Logger } from "pino";
 import { z } from "zod";
 import { OutboxConfigError } from "../contract/errors.js";
 import type { Handler, QueueConfig, ResolvedQueue } from "../contract/handler.js";
+import { type QueueDefinition, validateQueueName } from "../contract/queue.js";
 import type { RetryStrategy } from "../contract/retry.js";
-import { type QueueDefinition, validateQueueName } from "../produce/queue.js";
 import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
 
 const positiveMs = (max: number) => z.number().int().positive().max(max);

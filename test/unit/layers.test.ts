@@ -40,8 +40,8 @@ const ALLOWED: Record<string, readonly string[]> = {
   relay: ["contract", "util"],
   inspect: ["sql", "migrate", "contract", "util"],
   console: ["inspect", "worker", "sql", "contract", "util"],
-  describe: ["relay", "produce", "contract", "util"],
-  testing: ["worker", "dispatch", "produce", "contract"],
+  describe: ["relay", "contract", "util"],
+  testing: ["worker", "dispatch", "contract"],
   service: SERVICE_IMPORTS,
   cli: ["service", "describe", ...SERVICE_IMPORTS],
 };
