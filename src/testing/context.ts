@@ -1,7 +1,7 @@
 import type { MessageContext } from "../contract/handler.js";
+import type { PublishOptions } from "../contract/publish-options.js";
 import type { QueueDefinition } from "../contract/queue.js";
 import type { FollowUps } from "../dispatch/follow-ups.js";
-import type { PublishOptions } from "../contract/publish-options.js";
 
 /** The message a test shapes: every field has a default that reads like a fresh first delivery. */
 export interface TestMessage {
