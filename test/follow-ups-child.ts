@@ -24,9 +24,11 @@ const worker = createWorker({
     },
     parent: async (_payload, message) => {
       await ledger.query(`INSERT INTO "${schema}".ledger (id, worker) VALUES ($1, 'child')`, [message.id]);
+      // The test's gate: it holds this lock until it has locked the messages table, so the ack below waits.
+      await ledger.query("SELECT pg_advisory_xact_lock(4242)");
       message.publish("after", { parent: message.id, form: "context" });
-      // Keyed: the test holds this key's lock, so the ack statement waits for it after the handler returned.
-      return followUp("after", { parent: message.id, form: "returned" }, { key: "held" });
+      // Keyed parents publish a keyed follow-up too: the keyed ack and its follow-up insert are one transaction.
+      return followUp("after", { parent: message.id, form: "returned" }, message.key ? { key: "held" } : {});
     },
   },
 });

@@ -8,9 +8,9 @@ import { publisherFor, until, workerFactory } from "./helpers/worker.js";
 
 /**
  * A worker killed between its handler and its ack (DESIGN §4.2 with follow-ups): the child's handler has
- * returned, and its ack statement waits for a key lock the test holds. Whether the in-flight ack is then
- * rolled back (its session terminated) or still commits (the server finishes a dead client's statement),
- * each follow-up exists exactly once in the end.
+ * returned, and its ack statement waits for a lock on the messages table the test holds. Whether the
+ * in-flight ack is then rolled back (its session terminated) or still commits (the server finishes a dead
+ * client's statement), each follow-up exists exactly once in the end.
  */
 
 const db = testDatabase("fupc");
@@ -34,18 +34,21 @@ afterEach(async () => {
   await releaseHeld?.();
 });
 
-/** Holds the follow-up key's advisory lock in an open transaction until `release` (at most once). */
-async function holdKeyLock(): Promise<{ release: () => Promise<void> }> {
+/** An open transaction holding `lock` until `release` (at most once; afterEach releases a forgotten one). */
+async function hold(lock: string): Promise<{ release: () => Promise<void> }> {
   const client: pg.PoolClient = await db.pool.connect();
   await client.query("BEGIN");
-  await client.query("SELECT pg_advisory_xact_lock(hashtext('after'), hashtext('held'))");
+  await client.query(lock);
   let released: Promise<void> | undefined;
   const release = () => {
     released ??= client.query("ROLLBACK").then(() => client.release());
-    releaseHeld = undefined;
     return released;
   };
-  releaseHeld = release;
+  const previous = releaseHeld;
+  releaseHeld = async () => {
+    await previous?.();
+    await release();
+  };
   return { release };
 }
 
@@ -75,17 +78,31 @@ describe("a worker killed between handler and ack", () => {
   for (const parentKey of [null, "p"] as const) {
     for (const ackFate of ["rolled back", "committed by the server"] as const) {
       it(`${parentKey ? "keyed" : "keyless"} parent, in-flight ack ${ackFate}: each follow-up exists once`, async () => {
-        const lock = await holdKeyLock();
+        // The child's handler waits at a gate (this advisory lock) after writing its ledger row; meanwhile the
+        // test locks the messages table against writes, then opens the gate: the ack that follows waits.
+        const gate = await hold("SELECT pg_advisory_xact_lock(4242)");
         const workerId = `fup-child-${Date.now()}`;
         const [id] = await db.inTransaction((c) =>
           outbox.publishMany(c, "parent", [{ payload: {}, ...(parentKey ? { key: parentKey } : {}) }]),
         );
         const { child, exited } = startChild(workerId);
+        let table: { release: () => Promise<void> } | undefined;
         try {
           await until(
             async () =>
               (await childSessions(workerId, "wait_event_type = 'Lock' AND wait_event = 'advisory'")) === 1,
-            "the child's handler returned and its ack waits for the follow-up key's lock",
+            "the child's handler ran and waits at the gate",
+            20_000,
+          );
+          table = await hold(`LOCK TABLE ${db.names.messages} IN SHARE MODE`);
+          await gate.release();
+          await until(
+            async () =>
+              (await childSessions(
+                workerId,
+                "wait_event_type = 'Lock' AND wait_event = 'relation' AND (query LIKE '%DELETE%' OR query LIKE '%ack_keyed%')",
+              )) === 1,
+            "the child's handler returned and its ack waits for the table lock",
             20_000,
           );
           expect(await n(`SELECT count(*)::int AS n FROM "${db.schema}".ledger`)).toBe(1);
@@ -100,7 +117,7 @@ describe("a worker killed between handler and ack", () => {
             [workerId],
           );
         }
-        await lock.release();
+        await table?.release();
         // Once none of the child's sessions is left, nothing of it can write any more.
         await until(async () => (await childSessions(workerId)) === 0, "the child's sessions have ended");
         const parentLeft = await n(`SELECT count(*)::int AS n FROM ${db.names.messages} WHERE id = $1`, [id]);
@@ -121,7 +138,11 @@ describe("a worker killed between handler and ack", () => {
                 message.id,
               ]);
               message.publish("after", { parent: message.id, form: "context" });
-              return followUp("after", { parent: message.id, form: "returned" }, { key: "held" });
+              return followUp(
+                "after",
+                { parent: message.id, form: "returned" },
+                message.key ? { key: "held" } : {},
+              );
             },
           },
         });

@@ -2,6 +2,7 @@ import { beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { z } from "zod";
 import { constant, defineQueue, followUp, type Worker } from "../src/index.js";
 import { testDatabase } from "./helpers/database.js";
+import { memoryLogger } from "./helpers/memory-logger.js";
 import { nextEvent, publisherFor, until, workerFactory } from "./helpers/worker.js";
 
 /**
@@ -267,6 +268,111 @@ describe("keyed follow-ups keep per-key order", () => {
     expect(seen).toHaveLength(20);
     expect(overlap).toBe(0);
     expect(seen).toEqual([...seen].sort((x, y) => (x < y ? -1 : 1)));
+  });
+});
+
+describe("a producer holding a follow-up's key", () => {
+  it("never deadlocks with the ack: the worker lets go of its locks while the key is busy, and the follow-up lands after the producer's row", async () => {
+    await publish("dl.parent", [{ n: 1 }], "A");
+    const { logger, lines } = memoryLogger();
+    logger.level = "debug";
+    const errors: unknown[] = [];
+    const producer = await db.pool.connect();
+    try {
+      await producer.query("BEGIN");
+      await outbox.publish(producer, "dl.child", { from: "producer" }, { key: "B" });
+      let handled = 0;
+      const worker = await workers.start({
+        logger,
+        queues: {
+          "dl.parent": () => {
+            handled++;
+            return followUp("dl.child", { from: "handler" }, { key: "B" });
+          },
+        },
+      });
+      worker.on("loop_error", (e) => errors.push(e.error));
+      const ackWaitsForTheKey = async () =>
+        (
+          await db.pool.query(
+            `SELECT count(*)::int AS n FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND query LIKE '%' || $1 || '%'`,
+            [db.schema],
+          )
+        ).rows[0].n > 0;
+      // The ack was tried: it either waits for B's lock (holding A's, taken by the keyed ack) or found B
+      // busy and let go of everything.
+      await until(
+        async () =>
+          handled === 1 && (lines.some((l) => /kept in place/.test(l.msg)) || (await ackWaitsForTheKey())),
+        "the worker tried to ack the parent",
+      );
+      // The producer now takes the parent's key too: a worker holding A while waiting for B would deadlock.
+      await outbox.publish(producer, "dl.parent", { n: 2 }, { key: "A" });
+      await producer.query("COMMIT");
+    } finally {
+      producer.release();
+    }
+    await until(async () => (await count("dl.parent")) === 0, "both parents acknowledged");
+    // Commit order per key: the producer's B first, then each parent's follow-up.
+    expect((await rows("dl.child")).map((r) => r.payload)).toEqual([
+      { from: "producer" },
+      { from: "handler" },
+      { from: "handler" },
+    ]);
+    expect(errors).toEqual([]);
+  });
+  it("a keyless parent's keyed follow-ups are taken the same way: no deadlock with a producer taking their keys in the other order", async () => {
+    await publish("dl2.parent", [{ n: 1 }]);
+    const { logger, lines } = memoryLogger();
+    logger.level = "debug";
+    const errors: unknown[] = [];
+    const producer = await db.pool.connect();
+    try {
+      await producer.query("BEGIN");
+      await outbox.publish(producer, "dl2.child", { from: "producer", key: "C" }, { key: "C" });
+      let handled = 0;
+      const worker = await workers.start({
+        logger,
+        queues: {
+          "dl2.parent": () => {
+            handled++;
+            // Locks are taken in key order: B, then C (held by the producer).
+            return [
+              followUp("dl2.child", { from: "handler", key: "B" }, { key: "B" }),
+              followUp("dl2.child", { from: "handler", key: "C" }, { key: "C" }),
+            ];
+          },
+        },
+      });
+      worker.on("loop_error", (e) => errors.push(e.error));
+      await until(
+        async () =>
+          handled === 1 &&
+          (lines.some((l) => /kept in place/.test(l.msg)) ||
+            (
+              await db.pool.query(
+                `SELECT count(*)::int AS n FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND query LIKE '%' || $1 || '%'`,
+                [db.schema],
+              )
+            ).rows[0].n > 0),
+        "the worker tried to ack the parent",
+      );
+      // The producer takes B after C: a worker holding B while waiting for C would deadlock.
+      await outbox.publish(producer, "dl2.child", { from: "producer", key: "B" }, { key: "B" });
+      await producer.query("COMMIT");
+    } finally {
+      producer.release();
+    }
+    await until(async () => (await count("dl2.parent")) === 0, "the parent acknowledged");
+    expect((await rows("dl2.child")).map((r) => r.payload)).toEqual([
+      { from: "producer", key: "C" },
+      { from: "producer", key: "B" },
+      { from: "handler", key: "B" },
+      { from: "handler", key: "C" },
+    ]);
+    expect(errors).toEqual([]);
   });
 });
 

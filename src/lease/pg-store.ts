@@ -5,6 +5,7 @@ import { OutboxError } from "../contract/errors.js";
 import type { PreparedFollowUp } from "../contract/follow-up.js";
 import {
   type AckKeyedRow,
+  type AckRow,
   completeStatements,
   deliveryKey,
   type FollowUpParams,
@@ -233,6 +234,12 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     return transaction(async (client) => {
       const run = <P, R>(q: Query<P, R>, p: P) =>
         runQuery(client, q, p, { prepared, timeoutMs: options.queryTimeoutMs });
+      // Follow-up keys first, and only tried: waiting for one while ack_keyed holds the heads' key locks
+      // could deadlock with a producer taking those keys in the other order. Busy: nothing written yet,
+      // the empty commit releases what was taken, and every delivery of the round is tried again shortly.
+      if (!(await followUpKeysTaken(run, ws))) {
+        return { keys: [], busy: new Set(ws.map((w) => key(w.held))), next: [] } satisfies KeyedRound;
+      }
       const round = keyedAnswer(ws, await run(sql.ackKeyed, { ...pairs(held(ws)), ...handOff }));
       // Only deliveries this round deleted under their token: a busy head or a lost lease inserts nothing.
       const wrote = round.keys ? new Set(round.keys) : undefined;
@@ -248,6 +255,50 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
       }
       return round;
     });
+  }
+
+  /** Tries the key locks of `ws`'s keyed follow-ups (true when there are none). */
+  async function followUpKeysTaken(
+    run: <P, R>(q: Query<P, R>, p: P) => Promise<R[]>,
+    ws: readonly AckWrite[],
+  ): Promise<boolean> {
+    const queues: string[] = [];
+    const keys: string[] = [];
+    for (const w of ws) {
+      for (const f of w.followUps ?? []) {
+        if (f.key === null) continue;
+        queues.push(f.queue);
+        keys.push(f.key);
+      }
+    }
+    if (keys.length === 0) return true;
+    const [row] = await run(sql.tryFollowUpKeys, { queues, keys });
+    return row?.taken === true;
+  }
+
+  /**
+   * The ack of keyless deliveries with keyed follow-ups: their key locks tried first in one transaction
+   * (see ackFollowUpRound), then the one-statement ack; while a producer of one of those keys is in
+   * flight, tried again shortly, for at most one query timeout.
+   */
+  async function ackWithFollowUpKeys(writes: readonly AckWrite[]): Promise<AckRow | undefined> {
+    const deadline = Date.now() + options.queryTimeoutMs;
+    for (let attempt = 0; ; attempt++) {
+      const answer = await transaction(async (client) => {
+        const run = <P, R>(q: Query<P, R>, p: P) =>
+          runQuery(client, q, p, { prepared, timeoutMs: options.queryTimeoutMs });
+        if (!(await followUpKeysTaken(run, writes))) return undefined;
+        const follow = followUpParams(writes);
+        if (!follow) return [];
+        return insertingFollowUps(() => run(sql.ackFollowUps, { ...pairs(held(writes)), ...follow }));
+      });
+      if (answer) return answer[0];
+      options.onKeyBusy?.(writes.length);
+      if (Date.now() > deadline) {
+        throw new Error(`follow-up keys still locked by a producer after ${options.queryTimeoutMs} ms`);
+      }
+      await delay(Math.min(2 ** attempt, 50));
+    }
   }
 
   function keyedAnswer(ws: readonly AckWrite[], rows: AckKeyedRow[]): KeyedRound {
@@ -353,10 +404,13 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
       const follows = writes.some((w) => w.followUps !== undefined && w.followUps.length > 0);
       if (writes.some((w) => w.held.key !== null))
         return completeKeyed(writes, handOff, follows ? ackFollowUpRound : ackRound);
-      const follow = follows ? followUpParams(writes) : undefined;
-      const [result] = follow
-        ? await insertingFollowUps(() => query(sql.ackFollowUps, { ...pairs(held(writes)), ...follow }))
-        : await query(sql.ack, pairs(held(writes)));
+      const keyedFollowUps = follows && writes.some((w) => w.followUps?.some((f) => f.key !== null));
+      const follow = follows && !keyedFollowUps ? followUpParams(writes) : undefined;
+      const [result] = keyedFollowUps
+        ? [await ackWithFollowUpKeys(writes)]
+        : follow
+          ? await insertingFollowUps(() => query(sql.ackFollowUps, { ...pairs(held(writes)), ...follow }))
+          : await query(sql.ack, pairs(held(writes)));
       // The statement names the deleted deliveries only when some were not deleted.
       return result?.keys ? landedByKey(new Set(result.keys), key) : allLanded(writes.length);
     },

@@ -58,6 +58,11 @@ export interface CompleteStatements {
    * those whose parent is among `acked` (the deliveries that round deleted) are inserted.
    */
   insertFollowUps: Query<{ acked: string[] } & FollowUpParams, { inserted: number }>;
+  /**
+   * Tries the key locks of keyed follow-ups, first in their ack's transaction: false when a producer of one
+   * of those keys is in flight (the ack is then tried again shortly, like a busy head).
+   */
+  tryFollowUpKeys: Query<{ queues: string[]; keys: (string | null)[] }, { taken: boolean }>;
   /** Clears the lease and schedules the row on the server clock → keys of the rows written. */
   retry: Query<
     DeliveryParams & { delaysMs: number[]; errors: string[]; failed: number[]; maxErrorLength: number },
@@ -265,6 +270,14 @@ SELECT count(*)::int AS deleted,
        (SELECT sent FROM wake) AS sent
 FROM gone`,
       (p) => [p.ids, p.tokens, ...followUpValues(p)],
+    ),
+    tryFollowUpKeys: defineQuery(
+      "try_follow_up_keys",
+      `SELECT COALESCE(bool_and(${TRY_KEY_LOCK("k.queue", "k.key")}), true) AS taken FROM (
+  SELECT DISTINCT f.queue, f.key FROM unnest($1::text[], $2::text[]) AS f(queue, key)
+  WHERE f.key IS NOT NULL ORDER BY 1, 2
+) AS k`,
+      (p) => [p.queues, p.keys],
     ),
     insertFollowUps: defineQuery(
       "insert_follow_ups",
