@@ -2,7 +2,7 @@ import { beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { z } from "zod";
 import { constant, defineQueue, followUp, type Worker } from "../src/index.js";
 import { testDatabase } from "./helpers/database.js";
-import { memoryLogger } from "./helpers/memory-logger.js";
+import { type LogLine, memoryLogger } from "./helpers/memory-logger.js";
 import { nextEvent, publisherFor, until, workerFactory } from "./helpers/worker.js";
 
 /**
@@ -272,6 +272,20 @@ describe("keyed follow-ups keep per-key order", () => {
 });
 
 describe("a producer holding a follow-up's key", () => {
+  /**
+   * The worker tried to ack: it either found a follow-up key busy and let go ("kept in place", debug) or
+   * waits for that key's lock (what a worker that could deadlock does). Either way the race is on.
+   */
+  async function ackTried(lines: LogLine[]): Promise<boolean> {
+    if (lines.some((l) => /kept in place/.test(l.msg))) return true;
+    const { rows } = await db.pool.query(
+      `SELECT count(*)::int AS n FROM pg_stat_activity
+       WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND query LIKE '%' || $1 || '%'`,
+      [db.schema],
+    );
+    return rows[0].n > 0;
+  }
+
   it("never deadlocks with the ack: the worker lets go of its locks while the key is busy, and the follow-up lands after the producer's row", async () => {
     await publish("dl.parent", [{ n: 1 }], "A");
     const { logger, lines } = memoryLogger();
@@ -292,21 +306,9 @@ describe("a producer holding a follow-up's key", () => {
         },
       });
       worker.on("loop_error", (e) => errors.push(e.error));
-      const ackWaitsForTheKey = async () =>
-        (
-          await db.pool.query(
-            `SELECT count(*)::int AS n FROM pg_stat_activity
-             WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND query LIKE '%' || $1 || '%'`,
-            [db.schema],
-          )
-        ).rows[0].n > 0;
       // The ack was tried: it either waits for B's lock (holding A's, taken by the keyed ack) or found B
       // busy and let go of everything.
-      await until(
-        async () =>
-          handled === 1 && (lines.some((l) => /kept in place/.test(l.msg)) || (await ackWaitsForTheKey())),
-        "the worker tried to ack the parent",
-      );
+      await until(async () => handled === 1 && (await ackTried(lines)), "the worker tried to ack the parent");
       // The producer now takes the parent's key too: a worker holding A while waiting for B would deadlock.
       await outbox.publish(producer, "dl.parent", { n: 2 }, { key: "A" });
       await producer.query("COMMIT");
@@ -346,19 +348,7 @@ describe("a producer holding a follow-up's key", () => {
         },
       });
       worker.on("loop_error", (e) => errors.push(e.error));
-      await until(
-        async () =>
-          handled === 1 &&
-          (lines.some((l) => /kept in place/.test(l.msg)) ||
-            (
-              await db.pool.query(
-                `SELECT count(*)::int AS n FROM pg_stat_activity
-                 WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND query LIKE '%' || $1 || '%'`,
-                [db.schema],
-              )
-            ).rows[0].n > 0),
-        "the worker tried to ack the parent",
-      );
+      await until(async () => handled === 1 && (await ackTried(lines)), "the worker tried to ack the parent");
       // The producer takes B after C: a worker holding B while waiting for C would deadlock.
       await outbox.publish(producer, "dl2.child", { from: "producer", key: "B" }, { key: "B" });
       await producer.query("COMMIT");
