@@ -9,6 +9,7 @@ import { parse as parseYaml } from "yaml";
 import { queueSchemaDocument } from "../src/describe/json-schema.js";
 import { createHttpRelay } from "../src/relay/http.js";
 import { runCli } from "./helpers/cli-in-process.js";
+import { FETCH_OWN_HEADERS, fakeMessage } from "./helpers/message.js";
 import { testTempDir } from "./helpers/temp-dir.js";
 
 // The `asyncapi` and `schemas` commands as a user runs them (in-process CLI): valid AsyncAPI 3.0 per the
@@ -287,37 +288,28 @@ describe("outbox-worker asyncapi", () => {
       const { pino } = await import("pino");
       const sent = await createHttpRelay(relay, { logger: pino({ enabled: false }) });
       for (const key of [null, "customer 1"]) {
-        await sent.handler(null, {
-          id: "42",
-          queue: "order.placed",
-          key,
-          headers:
-            key === null
-              ? {}
-              : { traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", tracestate: "a=b" },
-          deliveries: 1,
-          attempts: 0,
-          createdAt: new Date(),
-          rawPayload: '{"orderId":1,"customer":"c"}',
-          signal: new AbortController().signal,
-          publish: () => {},
-        } as never);
+        await sent.handler(
+          null,
+          fakeMessage({
+            id: "42",
+            queue: "order.placed",
+            key,
+            headers:
+              key === null
+                ? {}
+                : {
+                    traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                    tracestate: "a=b",
+                  },
+            rawPayload: '{"orderId":1,"customer":"c"}',
+          }),
+        );
       }
       await sent.close();
       // What fetch adds by itself is not the relay's.
-      const transport = new Set([
-        "host",
-        "connection",
-        "content-length",
-        "user-agent",
-        "accept",
-        "accept-encoding",
-        "accept-language",
-        "sec-fetch-mode",
-      ]);
       const [keyless, full] = received.map((h) =>
         Object.keys(h)
-          .filter((n) => !transport.has(n))
+          .filter((n) => !FETCH_OWN_HEADERS.has(n))
           .sort(),
       );
       expect(keyless).toEqual([...(headers?.required ?? [])].sort());

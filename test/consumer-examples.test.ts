@@ -24,6 +24,7 @@ import { createRelay } from "../src/relay/create-relay.js";
 import { httpRelayHeaders, webhookSignature } from "../src/relay/http.js";
 import { HOST, NATS_PORT, probeBrokers, RABBIT_URL, REDIS_PORT } from "./helpers/brokers.js";
 import { testDatabase } from "./helpers/database.js";
+import { FETCH_OWN_HEADERS } from "./helpers/message.js";
 import { publisherFor, until, workerFactory } from "./helpers/worker.js";
 
 // Each consumer example of examples/consumers/ reads what the worker's relay really sends: a message
@@ -124,17 +125,9 @@ describe("consumer examples read what the relays send", () => {
     await until(() => events.length > 0, "the webhook event");
     expectOrder(events[0] as ReceivedEvent<OrderPlaced>, sent);
 
-    const fetchOwn = new Set([
-      "host",
-      "connection",
-      "content-length",
-      "user-agent",
-      "accept",
-      "accept-encoding",
-      "accept-language",
-      "sec-fetch-mode",
-    ]);
-    expect(received[0]?.filter((n) => !fetchOwn.has(n)).sort()).toEqual(await documentedHeaders(input));
+    expect(received[0]?.filter((n) => !FETCH_OWN_HEADERS.has(n)).sort()).toEqual(
+      await documentedHeaders(input),
+    );
   });
 
   it("http: a wrong signature is refused (401) and never reaches the handler", async () => {

@@ -11,6 +11,7 @@ import type { RelayHealth } from "../src/relay/health.js";
 import type { Relay } from "../src/relay/relay.js";
 import { HOST, NATS_PORT, probeBrokers, RABBIT_URL, REDIS_PORT } from "./helpers/brokers.js";
 import { memoryLogger } from "./helpers/memory-logger.js";
+import { fakeMessage } from "./helpers/message.js";
 import { startTcpProxy, type TcpProxy } from "./helpers/tcp-proxy.js";
 import { until } from "./helpers/worker.js";
 
@@ -23,18 +24,7 @@ let nextId = BigInt(Date.now()) * 1000n + 500n;
 
 function context(queue = QUEUE): MessageContext {
   const id = String(nextId++);
-  return {
-    id,
-    queue,
-    key: null,
-    headers: {},
-    deliveries: 1,
-    attempts: 0,
-    createdAt: new Date(),
-    rawPayload: `{"id":${id}}`,
-    signal: new AbortController().signal,
-    publish: () => {},
-  };
+  return fakeMessage({ id, queue, rawPayload: `{"id":${id}}` });
 }
 
 async function send(relay: Relay, queue = QUEUE): Promise<"ok" | ErrorClass> {

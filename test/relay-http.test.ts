@@ -12,6 +12,7 @@ import { encodeHeaderValue } from "../src/relay/cloudevents.js";
 import { createRelay } from "../src/relay/create-relay.js";
 import { createHttpRelay } from "../src/relay/http.js";
 import { HOST } from "./helpers/brokers.js";
+import { fakeMessage } from "./helpers/message.js";
 import {
   expectDelivered,
   newIds,
@@ -28,18 +29,13 @@ const BURST = 50;
 const logger = pino({ level: process.env.RELAY_TEST_LOG ?? "silent" });
 
 function context(id: string, queue: string, key: string | null = `k-${id}`): MessageContext {
-  return {
+  return fakeMessage({
     id,
     queue,
     key,
     headers: { traceparent: TRACEPARENT, "x-tenant": "acme" },
-    deliveries: 1,
-    attempts: 0,
-    createdAt: new Date(),
     rawPayload: JSON.stringify(payloadOf(id)),
-    signal: new AbortController().signal,
-    publish: () => {},
-  };
+  });
 }
 
 const { outcome, outcomes, burstThroughOutage } = relayScenarios(context);

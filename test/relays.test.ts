@@ -16,6 +16,7 @@ import {
   rawDataOf,
   structuredToEvent,
 } from "./helpers/cloudevents.js";
+import { fakeMessage } from "./helpers/message.js";
 import {
   expectDelivered,
   newIds,
@@ -30,18 +31,13 @@ const RUN = `${Date.now().toString(36)}${process.pid.toString(36)}`;
 const logger = pino({ level: process.env.RELAY_TEST_LOG ?? "silent" });
 
 function context(id: string, queue: string, key: string | null = `k-${id}`): MessageContext {
-  return {
+  return fakeMessage({
     id,
     queue,
     key,
     headers: { traceparent: `00-${id}`, "x-tenant": "acme" },
-    deliveries: 1,
-    attempts: 0,
-    createdAt: new Date(),
     rawPayload: JSON.stringify(payloadOf(id)),
-    signal: new AbortController().signal,
-    publish: () => {},
-  };
+  });
 }
 
 const { redisDown, natsDown, rabbitDown } = await probeBrokers("relays.test");

@@ -1,5 +1,6 @@
 import { type CloudEvent, HTTP } from "cloudevents";
 import type { MessageContext } from "../../src/contract/handler.js";
+import { fakeMessage } from "./message.js";
 
 /**
  * A message that exercises every CloudEvents attribute: a key needing escapes (space, percent, quote,
@@ -7,7 +8,7 @@ import type { MessageContext } from "../../src/contract/handler.js";
  * no double can hold (a re-serialised payload would round it).
  */
 export function attributeMessage(id: string, queue: string, key: string | null): MessageContext {
-  return {
+  return fakeMessage({
     id,
     queue,
     key,
@@ -17,13 +18,9 @@ export function attributeMessage(id: string, queue: string, key: string | null):
       tenant: "acme corp",
       "x-tenant": "acme",
     },
-    deliveries: 1,
-    attempts: 0,
     createdAt: new Date("2026-01-02T03:04:05.678Z"),
     rawPayload: '{"n":12345678901234567890,"s":"ü","a":[1, 2]}',
-    signal: new AbortController().signal,
-    publish: () => {},
-  };
+  });
 }
 
 export const AWKWARD_KEY = 'k ü€ %20 "q" 😀';

@@ -8,11 +8,12 @@ import {
   isExtensionName,
   structuredEvent,
 } from "../../src/relay/cloudevents.js";
+import { fakeMessage } from "../helpers/message.js";
 
 const createdAt = new Date("2026-12-01T10:20:30.456Z");
 
 function message(overrides: Partial<MessageContext> = {}): MessageContext {
-  return {
+  return fakeMessage({
     id: "9007199254740993",
     queue: "order.placed",
     key: "customer 42 / ü",
@@ -22,14 +23,10 @@ function message(overrides: Partial<MessageContext> = {}): MessageContext {
       tenant: "acme",
       "x-request-id": "r-1",
     },
-    deliveries: 1,
-    attempts: 0,
     createdAt,
     rawPayload: '{"total": 12345678901234567890, "items": ["a"]}',
-    signal: new AbortController().signal,
-    publish: () => {},
     ...overrides,
-  };
+  });
 }
 
 describe("CloudEvents attributes of an outbox message", () => {
