@@ -100,7 +100,7 @@ describe("a worker killed between handler and ack", () => {
             async () =>
               (await childSessions(
                 workerId,
-                "wait_event_type = 'Lock' AND wait_event = 'relation' AND (query LIKE '%DELETE%' OR query LIKE '%ack_keyed%')",
+                "wait_event_type = 'Lock' AND wait_event = 'relation' AND (query LIKE '%DELETE%' OR query LIKE '%ack_key%')",
               )) === 1,
             "the child's handler returned and its ack waits for the table lock",
             20_000,

@@ -1,10 +1,13 @@
 import { randomBytes, randomUUID } from "node:crypto";
+import { copyFile, readdir } from "node:fs/promises";
 import path from "node:path";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { followUp } from "../src/contract/follow-up.js";
 import { PermanentError, TransientError } from "../src/contract/handler-errors.js";
 import { tableHealth } from "../src/inspect/table-health.js";
+import { MIGRATIONS_DIR } from "../src/migrate/migration-files.js";
+import { migrate } from "../src/migrate/migrator.js";
 import { constant } from "../src/retry/strategies.js";
 import { checkSchema, warnIfNotVacuumed } from "../src/service/startup.js";
 import { completeStatements } from "../src/sql/complete.js";
@@ -21,6 +24,7 @@ import { repairKeyHeadsStatement } from "../src/sql/key-heads.js";
 import { runCli } from "./helpers/cli-in-process.js";
 import { serviceEnv, startCli } from "./helpers/cli-process.js";
 import { testDatabase } from "./helpers/database.js";
+import { testTempDir } from "./helpers/temp-dir.js";
 import { nextEvent, publisherFor, until, workerFactory } from "./helpers/worker.js";
 
 /**
@@ -181,6 +185,7 @@ describe("outbox-worker grant: what each role holds", () => {
       "dead_letters: UPDATE",
       "schema_migrations: SELECT",
       "ack_keyed: EXECUTE",
+      "ack_key_heads: EXECUTE",
       "promote_heads: EXECUTE",
     ];
     expect(await privilegesOf(role.worker)).toEqual([...workerRights].sort());
@@ -213,6 +218,45 @@ describe("outbox-worker grant: what each role holds", () => {
       [schema],
     );
     expect(rows).toEqual([]);
+  });
+});
+
+describe("upgrading a schema whose rights were granted", () => {
+  it("gives ack_key_heads (migration 0006) to whoever may call ack_keyed, and not to PUBLIC", async () => {
+    const upgraded = `${schema}_up`;
+    await db.pool.query(`DROP SCHEMA IF EXISTS "${upgraded}" CASCADE`);
+    const dir = await testTempDir("outbox-grant-migrations-");
+    for (const file of (await readdir(MIGRATIONS_DIR)).filter((f) => /^000[1-5]_\w+\.sql$/.test(f))) {
+      await copyFile(path.join(MIGRATIONS_DIR, file), path.join(dir, file));
+    }
+    try {
+      await migrate({ connection: db.pool, schema: upgraded, migrationsDir: dir });
+      // What `grant` of the release before 0006 did to the functions.
+      await db.pool.query(
+        `REVOKE ALL ON ALL FUNCTIONS IN SCHEMA "${upgraded}" FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION "${upgraded}".ack_keyed(bigint[], uuid[], integer, uuid, double precision, text, boolean) TO "${role.worker}"`,
+      );
+      const result = await migrate({ connection: db.pool, schema: upgraded });
+      expect(result.applied.map((m) => m.version)).toEqual([6]);
+      const fn = `"${upgraded}".ack_key_heads(bigint[], uuid[], text[], text[], integer, uuid, double precision, text, boolean)`;
+      const may = async (who: string) =>
+        (
+          await db.pool.query<{ ok: boolean }>("SELECT has_function_privilege($1, $2, 'EXECUTE') AS ok", [
+            who,
+            fn,
+          ])
+        ).rows[0]?.ok;
+      expect(await may(role.worker)).toBe(true);
+      expect(await may(role.producer)).toBe(false);
+      const { rows } = await db.pool.query(
+        `SELECT 1 FROM pg_proc, aclexplode(COALESCE(proacl, acldefault('f', proowner))) AS a
+         WHERE oid = $1::regprocedure AND a.grantee = 0`,
+        [fn],
+      );
+      expect(rows).toEqual([]);
+    } finally {
+      await db.pool.query(`DROP SCHEMA IF EXISTS "${upgraded}" CASCADE`);
+    }
   });
 });
 
@@ -269,6 +313,7 @@ describe("producer", () => {
       `INSERT INTO ${m} (queue, payload, acquired_token, acquired_at, lease_expires_at) VALUES ('q', '1', gen_random_uuid(), now(), now())`,
       `INSERT INTO ${m} (queue, payload, head) VALUES ('q', '1', true)`,
       `SELECT * FROM ${names.quotedSchema}.ack_keyed('{}', '{}', 0, gen_random_uuid(), 1, 'w', true)`,
+      `SELECT * FROM ${names.quotedSchema}.ack_key_heads('{}', '{}', '{}', '{}', 0, gen_random_uuid(), 1, 'w', true)`,
       `CREATE TABLE ${names.quotedSchema}.mine (x int)`,
     ];
     for (const sql of attempts) {
@@ -559,6 +604,16 @@ describe("every right is needed", () => {
     });
   const ackKeyed = () =>
     runQuery(worker, complete.ackKeyed, { ...none, limit: 0, token, leaseTtlMs: 1000, workerId: "w" });
+  const ackKeyHeads = () =>
+    runQuery(worker, complete.ackKeyHeads, {
+      ...none,
+      queues: [],
+      keys: [],
+      limit: 0,
+      token,
+      leaseTtlMs: 1000,
+      workerId: "w",
+    });
   const inspectorReads = async () => {
     await cliOk(role.inspector, ["status"]);
     await cliOk(role.inspector, ["dead-letters", "replay", "--all", "--dry-run"]);
@@ -625,6 +680,11 @@ describe("every right is needed", () => {
       right: `EXECUTE ON ${fn("ack_keyed(bigint[], uuid[], integer, uuid, double precision, text, boolean)")}`,
       of: role.worker,
       op: ackKeyed,
+    },
+    {
+      right: `EXECUTE ON ${fn("ack_key_heads(bigint[], uuid[], text[], text[], integer, uuid, double precision, text, boolean)")}`,
+      of: role.worker,
+      op: ackKeyHeads,
     },
     {
       right: `EXECUTE ON ${fn("promote_heads(text[], text[], integer, uuid, double precision, text)")}`,

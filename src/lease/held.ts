@@ -50,6 +50,7 @@ export function heldRows(token: string, rows: readonly LeasedRow[]): HeldRow[] {
   return rows.map((row) => ({
     id: row.id,
     token,
+    queue: row.queue,
     key: row.key,
     row,
     state: "queued",

@@ -108,6 +108,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
   const sql = completeStatements(options.names, settings);
   const queues = [...options.queues];
   const unorderedQueues = [...(options.unorderedQueues ?? [])];
+  const unordered = new Set(unorderedQueues);
   let prepared = options.preparedStatements;
 
   /**
@@ -222,7 +223,30 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
 
   /** The keyed ack: one call of the `ack_keyed` function (completion, promotion and hand-off). */
   async function ackRound(ws: readonly AckWrite[], handOff: Omit<PromoteParams, "queues" | "keys">) {
-    return keyedAnswer(ws, await query(sql.ackKeyed, { ...pairs(held(ws)), ...handOff }));
+    return keyedAnswer(ws, await ackKeyedIn((q, p) => query(q, p), ws, handOff));
+  }
+
+  /**
+   * The keyed ack statement for `ws`: `ack_key_heads` when the queue and key of every delivery is known
+   * and no delivery's queue opted out of ordering (the key locks are tried on them, no read before the
+   * delete), else `ack_keyed`, which reads each row to learn whether it heads its key.
+   */
+  function ackKeyedIn(
+    run: <P, R>(q: Query<P, R>, p: P) => Promise<R[]>,
+    ws: readonly AckWrite[],
+    handOff: Omit<PromoteParams, "queues" | "keys">,
+  ): Promise<AckKeyedRow[]> {
+    const ds = held(ws);
+    const known = ds.every(
+      (d) => d.queue !== undefined && d.key !== undefined && (d.key === null || !unordered.has(d.queue)),
+    );
+    if (!known) return run(sql.ackKeyed, { ...pairs(ds), ...handOff });
+    return run(sql.ackKeyHeads, {
+      ...pairs(ds),
+      queues: ds.map((d) => d.queue as string),
+      keys: ds.map((d) => d.key ?? null),
+      ...handOff,
+    });
   }
 
   /**
@@ -240,7 +264,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
       if (!(await followUpKeysTaken(run, ws))) {
         return { keys: [], busy: new Set(ws.map((w) => key(w.held))), next: [] } satisfies KeyedRound;
       }
-      const round = keyedAnswer(ws, await run(sql.ackKeyed, { ...pairs(held(ws)), ...handOff }));
+      const round = keyedAnswer(ws, await ackKeyedIn(run, ws, handOff));
       // Only deliveries this round deleted under their token: a busy head or a lost lease inserts nothing.
       const wrote = round.keys ? new Set(round.keys) : undefined;
       const acked = ws.filter((w) => {

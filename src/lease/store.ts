@@ -14,6 +14,8 @@ export interface Delivery {
    * hand on. Unknown (undefined) is treated as keyed.
    */
   readonly key?: string | null;
+  /** The row's queue, when known (a keyed ack tries the key's lock from it without reading the row). */
+  readonly queue?: string;
 }
 
 /** What one `lease` call took: every row carries the same, freshly made token. */

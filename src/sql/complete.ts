@@ -36,6 +36,14 @@ export interface CompleteStatements {
    */
   ackKeyed: Query<DeliveryParams & Omit<PromoteParams, "queues" | "keys">, AckKeyedRow>;
   /**
+   * `ackKeyed` for deliveries of ordered queues whose queue and key the caller passes (as leased): the key
+   * locks are tried on those, so each row is read once, by its delete. Same answer.
+   */
+  ackKeyHeads: Query<
+    DeliveryParams & { queues: string[]; keys: (string | null)[] } & Omit<PromoteParams, "queues" | "keys">,
+    AckKeyedRow
+  >;
+  /**
    * The dead-letter move for deliveries that may head a key: as `dead`, trying each head's key lock (a
    * busy head stays); `heads` names the keys whose head went, for `promote` in the same transaction.
    */
@@ -117,7 +125,7 @@ export interface PromoteParams {
 export type PromotedRow = LeasedRow & { taken: boolean };
 
 /**
- * A row of the keyed ack (the `ack_keyed` function, migration 0005): `deleted` (the count, as text),
+ * A row of the keyed ack (the `ack_keyed` function of migration 0005, and `ack_key_heads` of 0006): `deleted` (the count, as text),
  * `written` deliveries (only when some were not), `busy` ones (a producer holds their key's lock), and `promoted` new heads (`taken`:
  * handed off to the caller, with the {@link LeasedRow} columns).
  */
@@ -300,6 +308,21 @@ ${keyedAnswer}`,
       "ack_keyed",
       `SELECT * FROM ${names.quotedSchema}.ack_keyed($1::bigint[], $2::uuid[], $3::int, $4::uuid, $5::double precision, $6::text, $7::boolean)`,
       (p) => [p.ids, p.tokens, p.limit, p.token, p.leaseTtlMs, p.workerId, settings.synchronousCommit],
+    ),
+    ackKeyHeads: defineQuery(
+      "ack_key_heads",
+      `SELECT * FROM ${names.quotedSchema}.ack_key_heads($1::bigint[], $2::uuid[], $3::text[], $4::text[], $5::int, $6::uuid, $7::double precision, $8::text, $9::boolean)`,
+      (p) => [
+        p.ids,
+        p.tokens,
+        p.queues,
+        p.keys,
+        p.limit,
+        p.token,
+        p.leaseTtlMs,
+        p.workerId,
+        settings.synchronousCommit,
+      ],
     ),
     ack: defineQuery(
       "ack",

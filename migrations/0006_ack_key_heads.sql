@@ -1,0 +1,91 @@
+-- The keyed ack again, without its first read: ack_keyed (0005) looked every delivery up in messages only to
+-- learn its queue and key before trying the key's lock, then looked it up again to delete it. The worker
+-- already has both from the lease (queue and key never change), so it passes them and the lock is tried on
+-- the arguments alone: one index lookup per delivery instead of two. Deliveries of queues that opt out of
+-- ordering keep ack_keyed (their rows may or may not head a key, and only a head needs the lock). A new
+-- function: workers of the previous version keep calling ack_keyed during a rolling upgrade. Creating a
+-- function takes no lock on messages.
+
+CREATE FUNCTION {{schema}}.ack_key_heads(
+  ids bigint[], tokens uuid[], queues text[], keys text[], hand_off integer, hand_token uuid,
+  lease_ttl_ms double precision, worker_id text, wait_for_flush boolean
+) RETURNS TABLE (
+  kind text, delivery text, id text, queue text, payload text, headers jsonb, key text,
+  created_epoch double precision, deliveries_count integer, attempts_count integer, failures_count integer,
+  first_attempt_at timestamptz, last_attempt_at timestamptz, taken boolean
+)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+  deleted integer;
+  written text[];
+  head_queues text[];
+  head_keys text[];
+BEGIN
+  IF NOT wait_for_flush THEN
+    PERFORM set_config('synchronous_commit', 'off', true);
+  END IF;
+  WITH tried AS MATERIALIZED (
+    -- Only tried, never waited for: waiting could deadlock with a producer taking several keys' locks.
+    -- Materialised, so the lock is tried once per delivery and never on another row the plan reads.
+    SELECT d.id, d.token, d.key IS NOT NULL AND pg_try_advisory_xact_lock(hashtext(d.queue), hashtext(d.key)) AS locked
+    FROM unnest(ids, tokens, queues, keys) AS d(id, token, queue, key)
+  ), gone AS (
+    DELETE FROM {{schema}}.messages AS t USING tried AS k
+    -- A head whose lock a producer holds stays (busy below).
+    WHERE t.id = k.id AND t.acquired_token = k.token AND (t.key IS NULL OR NOT t.head OR k.locked)
+    RETURNING t.id::text || '/' || k.token::text AS delivery, t.queue, t.key, t.head
+  )
+  SELECT count(*), array_agg(g.delivery),
+         array_agg(g.queue) FILTER (WHERE g.key IS NOT NULL AND g.head),
+         array_agg(g.key) FILTER (WHERE g.key IS NOT NULL AND g.head)
+  INTO deleted, written, head_queues, head_keys
+  FROM gone AS g;
+  RETURN QUERY SELECT 'deleted', deleted::text, NULL::text, NULL::text, NULL::text, NULL::jsonb, NULL::text,
+                      NULL::float8, NULL::int, NULL::int, NULL::int, NULL::timestamptz, NULL::timestamptz,
+                      NULL::boolean;
+  IF deleted < cardinality(ids) THEN
+    RETURN QUERY SELECT 'written', w, NULL::text, NULL::text, NULL::text, NULL::jsonb, NULL::text,
+                        NULL::float8, NULL::int, NULL::int, NULL::int, NULL::timestamptz, NULL::timestamptz,
+                        NULL::boolean
+                 FROM unnest(written) AS w;
+    -- This statement sees the deletions above: what is still ours and heads a key was busy.
+    RETURN QUERY SELECT 'busy', t.id::text || '/' || t.acquired_token::text, NULL::text, NULL::text, NULL::text,
+                        NULL::jsonb, NULL::text, NULL::float8, NULL::int, NULL::int, NULL::int,
+                        NULL::timestamptz, NULL::timestamptz, NULL::boolean
+                 FROM unnest(ids, tokens) AS b(id, token)
+                 JOIN {{schema}}.messages AS t ON t.id = b.id AND t.acquired_token = b.token
+                 WHERE t.key IS NOT NULL AND t.head;
+  END IF;
+  IF head_keys IS NOT NULL THEN
+    -- A statement of its own, so a fresh snapshot taken while the locks are held: it sees every row a
+    -- producer of these keys committed.
+    RETURN QUERY SELECT 'promoted', NULL::text, p.*
+                 FROM {{schema}}.promote_heads(head_queues, head_keys, hand_off, hand_token, lease_ttl_ms, worker_id) AS p;
+  END IF;
+END
+$$;
+
+-- Whoever may call ack_keyed may call its successor, and nobody else: a worker role granted before this
+-- migration (`outbox-worker grant`, which revokes the default EXECUTE of PUBLIC) keeps working after it.
+DO $$
+DECLARE
+  old_acl aclitem[];
+  role_oid oid;
+BEGIN
+  SELECT proacl INTO old_acl FROM pg_proc
+  WHERE oid = '{{schema}}.ack_keyed(bigint[], uuid[], integer, uuid, double precision, text, boolean)'::regprocedure;
+  -- Null: default privileges, which the new function has too.
+  IF old_acl IS NULL THEN
+    RETURN;
+  END IF;
+  REVOKE ALL ON FUNCTION {{schema}}.ack_key_heads(bigint[], uuid[], text[], text[], integer, uuid, double precision, text, boolean) FROM PUBLIC;
+  FOR role_oid IN SELECT a.grantee FROM aclexplode(old_acl) AS a WHERE a.privilege_type = 'EXECUTE' LOOP
+    EXECUTE format(
+      'GRANT EXECUTE ON FUNCTION %s TO %s',
+      '{{schema}}.ack_key_heads(bigint[], uuid[], text[], text[], integer, uuid, double precision, text, boolean)'::regprocedure,
+      CASE WHEN role_oid = 0 THEN 'PUBLIC' ELSE role_oid::regrole::text END
+    );
+  END LOOP;
+END
+$$;
