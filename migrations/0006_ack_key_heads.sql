@@ -18,7 +18,8 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
   deleted integer;
-  written text[];
+  written bigint[];
+  written_tokens uuid[];
   head_queues text[];
   head_keys text[];
 BEGIN
@@ -34,21 +35,22 @@ BEGIN
     DELETE FROM {{schema}}.messages AS t USING tried AS k
     -- A head whose lock a producer holds stays (busy below).
     WHERE t.id = k.id AND t.acquired_token = k.token AND (t.key IS NULL OR NOT t.head OR k.locked)
-    RETURNING t.id::text || '/' || k.token::text AS delivery, t.queue, t.key, t.head
+    RETURNING t.id, k.token, t.queue, t.key, t.head
   )
-  SELECT count(*), array_agg(g.delivery),
+  -- Not yet as text: the deliveries written are named only when some were not.
+  SELECT count(*), array_agg(g.id), array_agg(g.token),
          array_agg(g.queue) FILTER (WHERE g.key IS NOT NULL AND g.head),
          array_agg(g.key) FILTER (WHERE g.key IS NOT NULL AND g.head)
-  INTO deleted, written, head_queues, head_keys
+  INTO deleted, written, written_tokens, head_queues, head_keys
   FROM gone AS g;
   RETURN QUERY SELECT 'deleted', deleted::text, NULL::text, NULL::text, NULL::text, NULL::jsonb, NULL::text,
                       NULL::float8, NULL::int, NULL::int, NULL::int, NULL::timestamptz, NULL::timestamptz,
                       NULL::boolean;
   IF deleted < cardinality(ids) THEN
-    RETURN QUERY SELECT 'written', w, NULL::text, NULL::text, NULL::text, NULL::jsonb, NULL::text,
-                        NULL::float8, NULL::int, NULL::int, NULL::int, NULL::timestamptz, NULL::timestamptz,
-                        NULL::boolean
-                 FROM unnest(written) AS w;
+    RETURN QUERY SELECT 'written', w.id::text || '/' || w.token::text, NULL::text, NULL::text, NULL::text,
+                        NULL::jsonb, NULL::text, NULL::float8, NULL::int, NULL::int, NULL::int,
+                        NULL::timestamptz, NULL::timestamptz, NULL::boolean
+                 FROM unnest(written, written_tokens) AS w(id, token);
     -- This statement sees the deletions above: what is still ours and heads a key was busy.
     RETURN QUERY SELECT 'busy', t.id::text || '/' || t.acquired_token::text, NULL::text, NULL::text, NULL::text,
                         NULL::jsonb, NULL::text, NULL::float8, NULL::int, NULL::int, NULL::int,

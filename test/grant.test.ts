@@ -607,8 +607,8 @@ describe("every right is needed", () => {
   const ackKeyHeads = () =>
     runQuery(worker, complete.ackKeyHeads, {
       ...none,
-      queues: [],
-      keys: [],
+      queues: "{}",
+      keys: "{}",
       limit: 0,
       token,
       leaseTtlMs: 1000,

@@ -20,6 +20,7 @@ import {
   run,
   runQuery,
   statement,
+  textArray,
 } from "../sql/executor.js";
 import { fetchStatement, type LeasedRow } from "../sql/fetch.js";
 import type { OutboxNames } from "../sql/names.js";
@@ -243,8 +244,8 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     if (!known) return run(sql.ackKeyed, { ...pairs(ds), ...handOff });
     return run(sql.ackKeyHeads, {
       ...pairs(ds),
-      queues: ds.map((d) => d.queue as string),
-      keys: ds.map((d) => d.key ?? null),
+      queues: textArray(ds.map((d) => d.queue as string)),
+      keys: textArray(ds.map((d) => d.key ?? null)),
       ...handOff,
     });
   }

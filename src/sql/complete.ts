@@ -36,11 +36,12 @@ export interface CompleteStatements {
    */
   ackKeyed: Query<DeliveryParams & Omit<PromoteParams, "queues" | "keys">, AckKeyedRow>;
   /**
-   * `ackKeyed` for deliveries of ordered queues whose queue and key the caller passes (as leased): the key
-   * locks are tried on those, so each row is read once, by its delete. Same answer.
+   * `ackKeyed` for deliveries of ordered queues whose queue and key the caller passes (as leased), as array
+   * literals (`textArray`): the key locks are tried on those, so each row is read once, by its delete.
+   * Same answer.
    */
   ackKeyHeads: Query<
-    DeliveryParams & { queues: string[]; keys: (string | null)[] } & Omit<PromoteParams, "queues" | "keys">,
+    DeliveryParams & { queues: string; keys: string } & Omit<PromoteParams, "queues" | "keys">,
     AckKeyedRow
   >;
   /**

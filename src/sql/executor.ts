@@ -129,3 +129,18 @@ export function statement(label: string, text: string): Statement {
 export function plainArray(values: readonly string[]): string {
   return `{${values.join(",")}}`;
 }
+
+/**
+ * A Postgres array literal of any texts (queue names, keys), each element double-quoted with its `"` and
+ * `\` escaped, null as NULL: what pg's own array encoding sends, without its per-element work.
+ */
+export function textArray(values: readonly (string | null)[]): string {
+  let out = "{";
+  for (let i = 0; i < values.length; i++) {
+    const v = values[i];
+    if (i > 0) out += ",";
+    if (v === null || v === undefined) out += "NULL";
+    else out += `"${v.includes('"') || v.includes("\\") ? v.replace(/["\\]/g, "\\$&") : v}"`;
+  }
+  return `${out}}`;
+}
