@@ -8,7 +8,7 @@
  *   parents' drain alone: each ack deletes its parent and inserts its follow-up in one statement).
  * - `served`: the same, and the worker also serves the follow-ups' queue: time until parents and follow-ups
  *   are all acknowledged, reported as parents/s (each parent is then two messages of work).
- * - `keyed-none` / `keyed-one`: parents with a key each (the keyed ack: `ack_keyed` and, with follow-ups, the
+ * - `keyed-none` / `keyed-one`: parents with a key each (the keyed ack: `ack_key_heads` and, with follow-ups, the
  *   follow-up insert in the same transaction); `keyed-one` is compared with `keyed-none`.
  *
  *   node --import tsx bench/follow-ups.ts --rows 50000 --runs 3 --concurrency 10 --modes none,one,served

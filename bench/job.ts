@@ -5,7 +5,7 @@
 import { randomUUID } from "node:crypto";
 import pg from "pg";
 import { completeStatements } from "../src/sql/complete.js";
-import { runQuery } from "../src/sql/executor.js";
+import { runQuery, textArray } from "../src/sql/executor.js";
 import { fetchStatement } from "../src/sql/fetch.js";
 import { outboxNames } from "../src/sql/names.js";
 import {
@@ -356,7 +356,7 @@ function scans(plan: Record<string, unknown>, out: string[] = []): string[] {
 
 /**
  * EXPLAIN (ANALYZE) of the fetch and the ack as the worker prepares them, custom and generic plans. `keyed`:
- * the ack is the keyed one (`ack_keyed`, what a batch with keyed rows runs), followed by the promotion of
+ * the ack is the keyed one (`ack_key_heads`, what a batch with keyed rows runs), followed by the promotion of
  * the acked heads' successors (`promote`, same transaction), explained too.
  */
 async function explainStatements(
@@ -368,7 +368,7 @@ async function explainStatements(
   const names = outboxNames(schema);
   const fetchSql = fetchStatement(names, { synchronousCommit: false }).statement.text;
   const complete = completeStatements(names, { synchronousCommit: false });
-  // The keyed ack and the promotion run inside the ack_keyed function, whose plans EXPLAIN cannot show
+  // The keyed ack and the promotion run inside the ack_key_heads function, whose plans EXPLAIN cannot show
   // (test/fetch-plan.test.ts reads them through auto_explain): keyed, only the fetch is explained here.
   const ackSql = complete.ack.statement.text;
   const checks: PlanCheck[] = [];
@@ -619,7 +619,7 @@ async function hotKey(spec: Extract<JobSpec, { kind: "hotKey" }>): Promise<HotKe
 /**
  * The fetch and the completion alone at `rows` rows, keyless (keys 0) or over `keys` keys (rows / keys per
  * key, interleaved): `timed` rounds of "lease N, then complete them" per N, as the worker runs them
- * (prepared; keyed: BEGIN, ack_keyed, promote, COMMIT, so the next heads are there for the next round).
+ * (prepared; keyed: one call of ack_key_heads, which promotes, so the next heads are there for the next round).
  */
 async function keyScale(spec: Extract<JobSpec, { kind: "keyScale" }>): Promise<KeyScaleResult> {
   const schema = "bench_key_scale";
@@ -671,12 +671,20 @@ async function keyScale(spec: Extract<JobSpec, { kind: "keyScale" }>): Promise<K
       const pairs = { ids: rows.map((r) => r.id), tokens: rows.map(() => token) };
       t = performance.now();
       if (spec.keys > 0) {
-        // One call of ack_keyed: completion and promotion (limit 0: no hand-off; the next round's fetch
-        // leases the new heads, as a worker without room would).
+        // One call of ack_key_heads, as the worker makes it: completion and promotion (limit 0: no
+        // hand-off; the next round's fetch leases the new heads, as a worker without room would).
         await runQuery(
           client,
-          sql.ackKeyed,
-          { ...pairs, limit: 0, token, leaseTtlMs: 30000, workerId: "timing" },
+          sql.ackKeyHeads,
+          {
+            ...pairs,
+            queues: textArray(rows.map((r) => r.queue)),
+            keys: textArray(rows.map((r) => r.key)),
+            limit: 0,
+            token,
+            leaseTtlMs: 30000,
+            workerId: "timing",
+          },
           { prepared: true },
         );
       } else {

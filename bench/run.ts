@@ -837,7 +837,7 @@ async function orderingSection() {
     `Command: \`${command}\`. Rows with a key are leased only while they head their (queue, key): the fetch reads ` +
       "`messages_head_ready_idx` (heads only), and an ack or dead-letter move of a head promotes the oldest row " +
       "left of its key, leasing it to the same worker when it has room (a hand-off), in one call of the " +
-      "`ack_keyed` function, which tries the key's advisory lock. Keyed fills write the rows in one " +
+      "`ack_key_heads` function, which tries the key's advisory lock. Keyed fills write the rows in one " +
       "statement with `head` set as the key-head trigger sets it (trigger disabled for the fill: one statement " +
       "over thousands of keys would hold one advisory lock per key; the trigger's cost is the producer row below); " +
       "keys interleave in id order (row n has key n mod keys), like real traffic.",
@@ -946,7 +946,7 @@ async function orderingSection() {
       ["lease statements per hot-key row, alone", hv((h) => h.leasesPerHotRow, 2)],
       ["fetch ms (lease statement), alone", hv(stmt("lease"), 2)],
       [
-        "keyed ack ms (`ack_keyed`: completion, promotion and hand-off in one call), alone",
+        "keyed ack ms (`ack_key_heads`: completion, promotion and hand-off in one call), alone",
         hv(stmt("ack"), 2),
       ],
       ["fetch + keyed ack ms", mr(cycle, 2)],
@@ -1003,7 +1003,7 @@ async function orderingSection() {
     `As section 4's isolated timings: ${fmt(O.scaleRows)} rows, keyless or every row keyed over ${fmt(O.scaleKeys)} keys ` +
       `(${fmt(O.scaleRows / O.scaleKeys)} per key, so ${fmt(O.scaleKeys)} heads); ${P.timed} rounds per N of "lease N with the fetch ` +
       `statement, then complete them" on one connection, prepared, as the worker runs them; the keyed completion is ` +
-      "one call of the `ack_keyed` function (completion and promotion, no hand-off: the next round's fetch leases the new heads), the keyless one the `ack` statement.",
+      "one call of the `ack_key_heads` function (completion and promotion, no hand-off: the next round's fetch leases the new heads), the keyless one the `ack` statement.",
   );
   say();
   const sv = (keys: number, f: (s: KeyScaleResult) => number) => (scales.get(String(keys)) ?? []).map(f);

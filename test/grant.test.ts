@@ -539,6 +539,7 @@ describe("inspector", () => {
       `DELETE FROM ${names.deadLetters}`,
       `SELECT * FROM ${names.migrationsTable}`,
       `SELECT * FROM ${names.quotedSchema}.ack_keyed('{}', '{}', 0, gen_random_uuid(), 1, 'w', true)`,
+      `SELECT * FROM ${names.quotedSchema}.ack_key_heads('{}', '{}', '{}', '{}', 0, gen_random_uuid(), 1, 'w', true)`,
       `TRUNCATE ${names.deadLetters}`,
       `CREATE TABLE ${names.quotedSchema}.mine (x int)`,
     ]) {
@@ -566,6 +567,7 @@ describe("inspector", () => {
       `INSERT INTO ${names.messages} (queue, payload, acquired_token, acquired_at, lease_expires_at) VALUES ('q', '1', gen_random_uuid(), now(), now())`,
       `SELECT * FROM ${names.migrationsTable}`,
       `SELECT * FROM ${names.quotedSchema}.ack_keyed('{}', '{}', 0, gen_random_uuid(), 1, 'w', true)`,
+      `SELECT * FROM ${names.quotedSchema}.ack_key_heads('{}', '{}', '{}', '{}', 0, gen_random_uuid(), 1, 'w', true)`,
       `TRUNCATE ${names.deadLetters}`,
       `CREATE TABLE ${names.quotedSchema}.mine (x int)`,
     ]) {
