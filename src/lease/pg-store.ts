@@ -222,7 +222,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     return handedOff.length === 0 ? landed : { ...landed, handedOff: { token, rows: handedOff } };
   }
 
-  /** The keyed ack: one call of the `ack_keyed` function (completion, promotion and hand-off). */
+  /** The keyed ack: one call of `ack_key_heads` or `ack_keyed` (completion, promotion and hand-off). */
   async function ackRound(ws: readonly AckWrite[], handOff: Omit<PromoteParams, "queues" | "keys">) {
     return keyedAnswer(ws, await ackKeyedIn((q, p) => query(q, p), ws, handOff));
   }

@@ -126,9 +126,10 @@ export interface PromoteParams {
 export type PromotedRow = LeasedRow & { taken: boolean };
 
 /**
- * A row of the keyed ack (the `ack_keyed` function of migration 0005, and `ack_key_heads` of 0006): `deleted` (the count, as text),
- * `written` deliveries (only when some were not), `busy` ones (a producer holds their key's lock), and `promoted` new heads (`taken`:
- * handed off to the caller, with the {@link LeasedRow} columns).
+ * A row of the keyed ack (the `ack_keyed` function of migration 0005, and `ack_key_heads` of 0006):
+ * `deleted` (the count, as text), `written` deliveries (only when some were not), `busy` ones (a producer
+ * holds their key's lock), and `promoted` new heads (`taken`: handed off to the caller, with the
+ * {@link LeasedRow} columns).
  */
 export type AckKeyedRow =
   | { kind: "deleted" | "written" | "busy"; delivery: string }

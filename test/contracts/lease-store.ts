@@ -212,6 +212,29 @@ export function leaseStoreContract(name: string, harness: () => LeaseStoreHarnes
       expect((await h.row(x))?.token).toBe(newX.token);
     });
 
+    it("a keyed ack naming a row's stale and current deliveries lands the current one only", async () => {
+      const h = harness();
+      const store = h.store();
+      const [x = ""] = await h.insert("a", 1, { key: "kx" });
+      const [y = ""] = await h.insert("a", 1, { key: "ky" });
+      const first = await store.lease(1);
+      await h.expireLeases();
+      const again = await store.lease(2);
+      // Queue and key known, as the worker's deliveries carry them: the keyed ack that reads no row first.
+      const keyed = (id: string, token: string, key: string): Delivery => ({ id, token, queue: "a", key });
+      const staleX = keyed(x, first.token, "kx");
+      const newX = keyed(x, again.token, "kx");
+      const newY = keyed(y, again.token, "ky");
+      const landed = await store.ack([{ held: staleX }, { held: newX }, { held: newY }]);
+      expect([landed.has(staleX), landed.has(newX), landed.has(newY), landed.count]).toEqual([
+        false,
+        true,
+        true,
+        2,
+      ]);
+      expect(await h.row(x)).toBeUndefined();
+    });
+
     it("retry clears the lease, schedules the row, counts the attempt and keeps the error short", async () => {
       const h = harness();
       const store = h.store({ maxErrorLength: 5 });
