@@ -231,6 +231,18 @@ describe("upgrading a schema whose rights were granted", () => {
     }
     try {
       await migrate({ connection: db.pool, schema: upgraded, migrationsDir: dir });
+      // This version's grant on the older schema: refused before any change, naming the fix.
+      const owner = { PATH: process.env.PATH, DATABASE_URL: db.url };
+      const early = await runCli(["grant", "--schema", upgraded, "--worker", role.worker], owner);
+      expect(early.code).toBe(1);
+      expect(early.stderr).toContain(
+        `schema "${upgraded}" is older than this version (migrations 6 pending): run \`outbox-worker migrate --schema ${upgraded}\` first`,
+      );
+      const rights = await db.pool.query<{ n: number }>(
+        `SELECT count(*)::int AS n FROM information_schema.role_table_grants WHERE grantee = $1 AND table_schema = $2`,
+        [role.worker, upgraded],
+      );
+      expect(rights.rows[0]?.n).toBe(0);
       // What `grant` of the release before 0006 did to the functions.
       await db.pool.query(
         `REVOKE ALL ON ALL FUNCTIONS IN SCHEMA "${upgraded}" FROM PUBLIC;

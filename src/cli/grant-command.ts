@@ -1,4 +1,5 @@
-import { OutboxConfigError } from "../contract/errors.js";
+import { OutboxConfigError, OutboxError } from "../contract/errors.js";
+import { migrationState } from "../migrate/migrator.js";
 import { type GrantPlan, grantScript, grantStatements, validateRoleName } from "../sql/grants.js";
 import { DEFAULT_SCHEMA } from "../sql/names.js";
 import { parseCommandArgs, schemaFrom, UsageError, withDatabase } from "./args.js";
@@ -16,7 +17,8 @@ Give existing roles exactly the rights their side needs on the outbox schema (le
               except through the unprocessed view)
 Each named role is first stripped of its rights on the schema's tables, functions and sequences, then
 granted its side's; EXECUTE on the schema's functions is revoked from PUBLIC. Run it as the schema's
-owner, again after every migrate. ROLES: one role name or several, comma-separated.
+owner, on a schema migrated to this version, and again after every migrate. ROLES: one role name or
+several, comma-separated.
 
 Options:
   --producer ROLES         roles that publish
@@ -99,6 +101,18 @@ export async function grantCommand(argv: string[], io: CliIo): Promise<number> {
       if (missing.length > 0) {
         throw new UsageError(`no such role: ${missing.join(", ")} (create it, or pass --create)`);
       }
+    }
+    // The rights name the functions the migrations create: on an older schema a GRANT would fail on the
+    // first one missing, with Postgres' "does not exist" and no hint of the fix.
+    const state = await migrationState({ connection: client, schema });
+    if (!state.current) {
+      const where =
+        state.applied.length === 0
+          ? "is not migrated"
+          : `is older than this version (migrations ${state.pending.join(", ")} pending)`;
+      throw new OutboxError(
+        `schema "${schema}" ${where}: run \`outbox-worker migrate --schema ${schema}\` first, then grant`,
+      );
     }
     // All or nothing: a role is never left stripped of its rights and not granted the new ones.
     await client.query("BEGIN");
