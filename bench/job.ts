@@ -356,8 +356,7 @@ function scans(plan: Record<string, unknown>, out: string[] = []): string[] {
 
 /**
  * EXPLAIN (ANALYZE) of the fetch and the ack as the worker prepares them, custom and generic plans. `keyed`:
- * the ack is the keyed one (`ack_key_heads`, what a batch with keyed rows runs), followed by the promotion of
- * the acked heads' successors (`promote`, same transaction), explained too.
+ * only the fetch (the keyed ack and its promotion run inside the `ack_key_heads` function, see below).
  */
 async function explainStatements(
   pool: pg.Pool,
