@@ -11,13 +11,11 @@
 import { randomUUID } from "node:crypto";
 import pg from "pg";
 import { type HeldRow, heldRows } from "../src/lease/held.js";
-import { createPgLeaseStore } from "../src/lease/pg-store.js";
 import { type AckKeyedRow, completeStatements } from "../src/sql/complete.js";
 import { plainArray, runQuery, textArray } from "../src/sql/executor.js";
 import { outboxNames } from "../src/sql/names.js";
 import { arg, DATABASE_URL, machine, median, range } from "./lib.js";
-import { outboxPeer } from "./peers/outbox.js";
-import { QUEUE } from "./peers/peer.js";
+import { benchLeaseStore, outboxPeer } from "./peers/outbox.js";
 
 const rows = Number(arg("rows", "50000"));
 const keys = Number(arg("keys", "10000"));
@@ -27,17 +25,7 @@ const schema = "bench_keyed_ack";
 const names = outboxNames(schema);
 const pool = new pg.Pool({ connectionString: DATABASE_URL, max: 2 });
 const sql = completeStatements(names, { synchronousCommit: false });
-const store = createPgLeaseStore({
-  pool: () => pool,
-  names,
-  queues: [QUEUE],
-  workerId: "bench",
-  leaseTtlMs: 60_000,
-  maxErrorLength: 1000,
-  synchronousCommit: false,
-  preparedStatements: true,
-  queryTimeoutMs: 60_000,
-});
+const store = benchLeaseStore(pool, schema);
 
 type Fn = "ack_keyed" | "ack_key_heads";
 type Promoted = Extract<AckKeyedRow, { kind: "promoted" }>;

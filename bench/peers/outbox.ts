@@ -10,6 +10,8 @@
  * "keyed": as "default", with an ordering key out of PRODUCER_KEYS keys.
  */
 import pg from "pg";
+import { createPgLeaseStore } from "../../src/lease/pg-store.js";
+import type { LeaseStore } from "../../src/lease/store.js";
 import { migrate } from "../../src/migrate/migrator.js";
 import { enableNotifyTrigger } from "../../src/migrate/notify-trigger.js";
 import { createPublisher } from "../../src/produce/publisher.js";
@@ -37,6 +39,24 @@ export async function withoutKeyTrigger(pool: pg.Pool, schema: string, insert: s
   await pool.query(
     `ALTER TABLE ${m} DISABLE TRIGGER messages_key_head; ${insert}; ALTER TABLE ${m} ENABLE TRIGGER messages_key_head`,
   );
+}
+
+/**
+ * The worker's lease store on `schema`'s bench queue, for benches that drive the statements themselves (one
+ * connection, no handlers): prepared statements, asynchronous commit, a lease long enough for a drain.
+ */
+export function benchLeaseStore(pool: pg.Pool, schema: string): LeaseStore {
+  return createPgLeaseStore({
+    pool: () => pool,
+    names: outboxNames(schema),
+    queues: [QUEUE],
+    workerId: "bench",
+    leaseTtlMs: 60_000,
+    maxErrorLength: 1000,
+    synchronousCommit: false,
+    preparedStatements: true,
+    queryTimeoutMs: 60_000,
+  });
 }
 
 export function outboxPeer(schema: string): Peer {

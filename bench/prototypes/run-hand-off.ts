@@ -16,12 +16,11 @@
 import { randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 import pg from "pg";
-import { createPgLeaseStore } from "../../src/lease/pg-store.js";
 import { completeStatements } from "../../src/sql/complete.js";
 import { plainArray, runQuery, textArray } from "../../src/sql/executor.js";
 import { outboxNames } from "../../src/sql/names.js";
 import { arg, DATABASE_URL, median, range } from "../lib.js";
-import { outboxPeer } from "../peers/outbox.js";
+import { benchLeaseStore, outboxPeer } from "../peers/outbox.js";
 import { QUEUE } from "../peers/peer.js";
 
 const ROWS = 50_000;
@@ -33,17 +32,7 @@ const schema = "bench_run_hand_off";
 const names = outboxNames(schema);
 const pool = new pg.Pool({ connectionString: DATABASE_URL, max: 2 });
 const sql = completeStatements(names, { synchronousCommit: false });
-const store = createPgLeaseStore({
-  pool: () => pool,
-  names,
-  queues: [QUEUE],
-  workerId: "bench",
-  leaseTtlMs: 60_000,
-  maxErrorLength: 1000,
-  synchronousCommit: false,
-  preparedStatements: true,
-  queryTimeoutMs: 60_000,
-});
+const store = benchLeaseStore(pool, schema);
 const functions = readFileSync(new URL("./run-hand-off.sql", import.meta.url), "utf8").replaceAll(
   "{{schema}}",
   names.quotedSchema,
