@@ -73,6 +73,7 @@ $$;
 DO $$
 DECLARE
   old_acl aclitem[];
+  fn regprocedure := '{{schema}}.ack_key_heads(bigint[], uuid[], text[], text[], integer, uuid, double precision, text, boolean)';
   role_oid oid;
 BEGIN
   SELECT proacl INTO old_acl FROM pg_proc
@@ -81,12 +82,10 @@ BEGIN
   IF old_acl IS NULL THEN
     RETURN;
   END IF;
-  REVOKE ALL ON FUNCTION {{schema}}.ack_key_heads(bigint[], uuid[], text[], text[], integer, uuid, double precision, text, boolean) FROM PUBLIC;
+  EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', fn);
   FOR role_oid IN SELECT a.grantee FROM aclexplode(old_acl) AS a WHERE a.privilege_type = 'EXECUTE' LOOP
     EXECUTE format(
-      'GRANT EXECUTE ON FUNCTION %s TO %s',
-      '{{schema}}.ack_key_heads(bigint[], uuid[], text[], text[], integer, uuid, double precision, text, boolean)'::regprocedure,
-      CASE WHEN role_oid = 0 THEN 'PUBLIC' ELSE role_oid::regrole::text END
+      'GRANT EXECUTE ON FUNCTION %s TO %s', fn, CASE WHEN role_oid = 0 THEN 'PUBLIC' ELSE role_oid::regrole::text END
     );
   END LOOP;
 END
