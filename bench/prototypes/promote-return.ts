@@ -12,6 +12,7 @@
  */
 import { randomUUID } from "node:crypto";
 import pg from "pg";
+import { loadMigrationFiles, renderMigration } from "../../src/migrate/migration-files.js";
 import { migrate } from "../../src/migrate/migrator.js";
 import { outboxNames } from "../../src/sql/names.js";
 import { arg, DATABASE_URL, median } from "../lib.js";
@@ -26,28 +27,30 @@ await client.connect();
 await client.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
 await migrate({ connection: DATABASE_URL, schema });
 
-// promote_heads' body (migration 0003) as one statement.
-const plain = `WITH next AS (
-  SELECT n.id, n.available_at <= now() AS due FROM unnest($1::text[], $2::text[]) AS k(queue, key)
-  CROSS JOIN LATERAL (
-    SELECT x.id, x.available_at FROM ${m} AS x WHERE x.queue = k.queue AND x.key = k.key ORDER BY x.id LIMIT 1
-  ) AS n
-), ranked AS (
-  SELECT x.id, x.due AND row_number() OVER (ORDER BY x.due DESC, x.id) <= $3 AS take FROM next AS x
-)
-UPDATE ${m} AS t
-SET head = true,
-    acquired_token = CASE WHEN r.take AND t.acquired_token IS NULL THEN $4::uuid ELSE t.acquired_token END,
-    acquired_at = CASE WHEN r.take AND t.acquired_token IS NULL THEN now() ELSE t.acquired_at END,
-    lease_expires_at = CASE WHEN r.take AND t.acquired_token IS NULL
-                            THEN now() + $5::double precision * interval '1 millisecond' ELSE t.lease_expires_at END,
-    acquired_by = CASE WHEN r.take AND t.acquired_token IS NULL THEN $6 ELSE t.acquired_by END,
-    deliveries_count = t.deliveries_count + CASE WHEN r.take AND t.acquired_token IS NULL THEN 1 ELSE 0 END
-FROM ranked AS r
-WHERE t.id = r.id AND (NOT t.head OR (r.take AND t.acquired_token IS NULL))
-RETURNING t.id::text, t.queue, t.payload::text, t.headers, t.key, date_part('epoch', t.created_at),
-          t.deliveries_count, t.attempts_count, t.failures_count, t.first_attempt_at, t.last_attempt_at,
-          t.acquired_token IS NOT DISTINCT FROM $4::uuid AS taken`;
+/**
+ * promote_heads' own body (migration 0003, read from the file, so the two ways run the same SQL), with its
+ * arguments as statement parameters.
+ */
+async function promoteStatement(): Promise<string> {
+  const file = (await loadMigrationFiles()).find((f) => f.name === "0003_key_heads");
+  if (file === undefined) throw new Error("migration 0003_key_heads not found");
+  const sql = renderMigration(file, names);
+  const start = sql.indexOf("RETURN QUERY", sql.indexOf(".promote_heads("));
+  const body = sql.slice(start + "RETURN QUERY".length, sql.indexOf(";\nEND", start));
+  const args: Record<string, string> = {
+    queues: "$1::text[]",
+    keys: "$2::text[]",
+    hand_off: "$3::int",
+    hand_token: "$4::uuid",
+    lease_ttl_ms: "$5::double precision",
+    worker_id: "$6::text",
+  };
+  return body.replace(
+    /\b(queues|keys|hand_off|hand_token|lease_ttl_ms|worker_id)\b/g,
+    (arg) => args[arg] as string,
+  );
+}
+const plain = await promoteStatement();
 const viaFunction = `SELECT * FROM ${names.quotedSchema}.promote_heads($1::text[], $2::text[], $3::int, $4::uuid, $5::double precision, $6::text)`;
 
 const times = { function: [] as number[], statement: [] as number[] };
