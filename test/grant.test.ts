@@ -222,6 +222,26 @@ describe("outbox-worker grant: what each role holds", () => {
 });
 
 describe("upgrading a schema whose rights were granted", () => {
+  it("refuses a schema never migrated, naming the fix and granting nothing", async () => {
+    const bare = `${schema}_bare`;
+    await db.pool.query(`DROP SCHEMA IF EXISTS "${bare}" CASCADE; CREATE SCHEMA "${bare}"`);
+    try {
+      const owner = { PATH: process.env.PATH, DATABASE_URL: db.url };
+      const result = await runCli(["grant", "--schema", bare, "--worker", role.worker], owner);
+      expect(result.code).toBe(1);
+      expect(result.stderr).toContain(
+        `schema "${bare}" is not migrated: run \`outbox-worker migrate --schema ${bare}\` first, then grant`,
+      );
+      const usage = await db.pool.query<{ ok: boolean }>(
+        "SELECT has_schema_privilege($1, $2, 'USAGE') AS ok",
+        [role.worker, bare],
+      );
+      expect(usage.rows[0]?.ok).toBe(false);
+    } finally {
+      await db.pool.query(`DROP SCHEMA IF EXISTS "${bare}" CASCADE`);
+    }
+  });
+
   it("gives ack_key_heads (migration 0006) to whoever may call ack_keyed, and not to PUBLIC", async () => {
     const upgraded = `${schema}_up`;
     await db.pool.query(`DROP SCHEMA IF EXISTS "${upgraded}" CASCADE`);
