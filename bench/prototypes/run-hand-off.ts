@@ -9,7 +9,8 @@
  * without handlers: the worker's fetch for the heads, then acks of up to 500 runnable rows (one per key; a
  * key's next row becomes runnable once its predecessor's ack returned), the hand-offs joining in. Modes
  * interleaved per round: keyless (fetch and the plain ack), today's keyed ack (`ack_key_heads`), runs. The
- * figure is the wall time of the statements per row.
+ * figure is the wall time of the statements per row. (Built in full afterwards and measured in whole
+ * drains, the design made them no faster, and was not merged: bench/RESULTS.md, session 5.)
  *
  *   node --import tsx bench/prototypes/run-hand-off.ts --runs 5 --run 8
  */
