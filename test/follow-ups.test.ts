@@ -366,6 +366,59 @@ describe("a producer holding a follow-up's key", () => {
   });
 });
 
+describe("a producer holding a follow-up's key past the query timeout", () => {
+  it("the parent's ack waits, its lease renewed, and lands after the commit: no failure, no second delivery", async () => {
+    await publish("dl3.parent", [{ n: 1 }]);
+    const problems: string[] = [];
+    let handled = 0;
+    const producer = await db.pool.connect();
+    try {
+      await producer.query("BEGIN");
+      await outbox.publish(producer, "dl3.child", { from: "producer" }, { key: "D" });
+      const worker = await workers.start({
+        leaseTtlMs: 3000,
+        queryTimeoutMs: 200,
+        maxConsecutiveFailures: 3,
+        loopBackoffBaseMs: 10,
+        loopBackoffMaxMs: 50,
+        queues: {
+          "dl3.parent": () => {
+            handled++;
+            return followUp("dl3.child", { from: "handler" }, { key: "D" });
+          },
+        },
+      });
+      for (const event of ["loop_error", "fatal", "lease_lost"] as const) {
+        worker.on(event, () => problems.push(event));
+      }
+      // Handled, its ack busy on D: still held 2 s past its lease TTL, ten query timeouts later.
+      await until(
+        async () => {
+          const { rows } = await db.pool.query(
+            `SELECT bool_and(lease_expires_at - acquired_at > interval '5 seconds') AS long
+             FROM ${db.names.messages} WHERE queue = 'dl3.parent'`,
+          );
+          return rows[0]?.long === true;
+        },
+        "the parent's lease renewed for 2 s past its TTL",
+        15_000,
+      );
+      expect(problems).toEqual([]);
+      await producer.query("COMMIT");
+    } finally {
+      await producer.query("ROLLBACK").catch(() => {});
+      producer.release();
+    }
+    await until(async () => (await count("dl3.parent")) === 0, "the parent acknowledged");
+    expect((await rows("dl3.child")).map((r) => r.payload)).toEqual([
+      { from: "producer" },
+      { from: "handler" },
+    ]);
+    expect(handled).toBe(1);
+    expect(problems).toEqual([]);
+  });
+});
+
 describe("an invalid follow-up fails the handler", () => {
   const typed = defineQueue("typed", z.object({ n: z.number() }));
 

@@ -461,6 +461,61 @@ describe("commit order: publish serialises producers of one key", () => {
     }, true);
   });
 
+  it("a producer holding a key past the query timeout: the head's ack waits (its lease renewed), other keys go on, nothing fails", async () => {
+    // A busy key is not a failed write: a producer may hold its key for as long as its transaction runs.
+    // Counted as a failure, it stopped the worker after maxConsecutiveFailures, and a lease left to run
+    // out delivered the handled head again.
+    const t = tracker();
+    const [head] = await publishMany("held", [{ payload: { n: 1 }, key: "k" }]);
+    const producer = await db.pool.connect();
+    const problems: string[] = [];
+    try {
+      await producer.query("BEGIN");
+      const [next] = await outbox.publishMany(producer, "held", [{ payload: { n: 2 }, key: "k" }]);
+      const worker = await workers.start({
+        concurrency: 4,
+        leaseTtlMs: 3000,
+        queryTimeoutMs: 200,
+        maxConsecutiveFailures: 3,
+        loopBackoffBaseMs: 10,
+        loopBackoffMaxMs: 50,
+        queues: { held: (_p, m) => t.run(m, () => Promise.resolve()) },
+      });
+      for (const event of ["loop_error", "fatal", "lease_lost"] as const) {
+        worker.on(event, () => problems.push(event));
+      }
+      await until(() => t.done("k").length === 1, "the head handled");
+      // Its ack finds the key's lock busy. Still held 2 s past its lease TTL, ten query timeouts later.
+      await until(
+        async () => {
+          const { rows } = await db.pool.query(
+            `SELECT lease_expires_at - acquired_at > interval '5 seconds' AS long FROM ${db.names.messages} WHERE id = $1`,
+            [head],
+          );
+          return rows[0]?.long === true;
+        },
+        "the head's lease renewed for 2 s past its TTL",
+        15_000,
+      );
+      const others = await publishMany("held", [{ payload: { n: 3 }, key: "other" }, { payload: { n: 4 } }]);
+      await until(
+        () => others.every((id) => t.runs.some((r) => r.id === id && r.ok)),
+        "the other messages handled",
+      );
+      // Their acks land while the head's is still busy: only the head is left.
+      await until(async () => (await remaining()) === 1, "the other messages acknowledged");
+      expect(problems).toEqual([]);
+      await producer.query("COMMIT");
+      await until(async () => (await remaining()) === 0, "the key going on after the commit");
+      expect(t.done("k")).toEqual([head, next]);
+      expect(t.runs.filter((r) => r.id === head)).toHaveLength(1);
+      expect(problems).toEqual([]);
+    } finally {
+      await producer.query("ROLLBACK").catch(() => {});
+      producer.release();
+    }
+  });
+
   it("never strands a key when its head is acked while a producer of that key is in flight", async () => {
     // The producer sees the head (not committed gone yet) and marks its row "not head"; the ack must not
     // choose the successor before that row is committed, or the key would have no head for good.

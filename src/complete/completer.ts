@@ -2,7 +2,8 @@
  * Batches handler outcomes and writes them with ONE statement per kind (ack, retry, dead), each guarded by
  * (id, lease token). A write that fails is retried with backoff as the same batch: the token makes a
  * repeat harmless. An outcome is reported only after its write has landed; a row missing from RETURNING
- * was taken over by another worker (`lease_lost`) and is not touched again.
+ * was taken over by another worker (`lease_lost`) and is not touched again; one answered busy (a producer
+ * of its key has not committed) is written again later.
  */
 import { type HeldRow, settle } from "../lease/held.js";
 import type { Outcome, OutcomeOf } from "../lease/outcome.js";
@@ -45,6 +46,10 @@ export interface CompleterDeps {
  */
 const MAX_FLUSHES = 2;
 
+/** Pauses before an outcome answered busy is written again: doubling from the first to the last. */
+const BUSY_BASE_MS = 50;
+const BUSY_MAX_MS = 1000;
+
 export class Completer {
   #buffer: Outcome[] = [];
   #flushes = 0;
@@ -54,6 +59,10 @@ export class Completer {
   #failing = new Map<Outcome[], number>();
   #stopped = false;
   #idleWaiters: (() => void)[] = [];
+  /** Outcomes answered busy, waiting to be written again (see #writeLater). */
+  #waiting = new Set<Outcome>();
+  #busyTries = new WeakMap<Outcome, number>();
+  #busyTimers = new Set<NodeJS.Timeout>();
 
   constructor(private readonly deps: CompleterDeps) {}
 
@@ -64,11 +73,15 @@ export class Completer {
 
   /** Outcomes accepted but not yet landed (they still hold their local slots). */
   get pending(): number {
-    return this.#buffer.length + this.#inFlight;
+    return this.#buffer.length + this.#inFlight + this.#waiting.size;
   }
 
   submit(outcome: Outcome): void {
     this.#buffer.push(outcome);
+    this.#kick();
+  }
+
+  #kick(): void {
     if (this.#flushes >= MAX_FLUSHES) return;
     if (this.#buffer.length >= this.deps.batchSize) {
       this.#startFlush();
@@ -80,6 +93,7 @@ export class Completer {
   /** Drop buffered outcomes of rows that were lost meanwhile (their write would touch nothing). */
   forget(held: HeldRow): void {
     this.#buffer = this.#buffer.filter((o) => o.held !== held);
+    for (const o of this.#waiting) if (o.held === held) this.#waiting.delete(o);
   }
 
   /** Resolves when everything submitted so far has landed (or the completer was stopped). */
@@ -94,6 +108,8 @@ export class Completer {
     this.#stopped = true;
     clearTimeout(this.#timer);
     this.#timer = undefined;
+    for (const t of this.#busyTimers) clearTimeout(t);
+    this.#busyTimers.clear();
     for (const w of this.#idleWaiters.splice(0)) w();
   }
 
@@ -137,12 +153,15 @@ export class Completer {
             // (committed, answer lost): the row's fate tells it from one another worker took over.
             const earlier = retrying ? await this.#landedEarlier(kind, items, written) : undefined;
             kinds.delete(kind);
+            const busy: Outcome[] = [];
             for (const o of items) {
               if (written.has(o.held) || earlier?.has(o)) {
                 settle(o.held, SETTLED[o.kind]);
                 this.deps.landed(o);
-              } else this.deps.lost(o);
+              } else if (written.busy?.(o.held)) busy.push(o);
+              else this.deps.lost(o);
             }
+            if (busy.length > 0) this.#writeLater(busy);
           }),
         );
         const failure = results.find((r): r is PromiseRejectedResult => r.status === "rejected");
@@ -164,6 +183,34 @@ export class Completer {
     } finally {
       this.#failing.delete(batch);
     }
+  }
+
+  /**
+   * Outcomes answered busy: a producer of their key has not committed, and may take as long as its
+   * transaction does. Written again after a growing pause; meanwhile they count as pending, and their rows
+   * stay held and renewed (not a failure: the batch's other outcomes landed, and nothing is wrong).
+   */
+  #writeLater(outcomes: Outcome[]): void {
+    let tries = 0;
+    for (const o of outcomes) {
+      const n = (this.#busyTries.get(o) ?? 0) + 1;
+      this.#busyTries.set(o, n);
+      tries = Math.max(tries, n);
+      this.#waiting.add(o);
+    }
+    const timer = setTimeout(
+      () => {
+        this.#busyTimers.delete(timer);
+        if (this.#stopped) return;
+        // One whose lease was lost meanwhile (forget) is not written.
+        const again = outcomes.filter((o) => this.#waiting.delete(o));
+        if (again.length === 0) return;
+        this.#buffer.push(...again);
+        this.#kick();
+      },
+      backoffDelay(tries, { baseMs: BUSY_BASE_MS, maxMs: BUSY_MAX_MS }),
+    );
+    this.#busyTimers.add(timer);
   }
 
   /**

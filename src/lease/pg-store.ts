@@ -65,6 +65,12 @@ const key = (d: Delivery) => deliveryKey(d.id, d.token);
 const BEGIN = statement("begin", "BEGIN");
 const COMMIT = statement("commit", "COMMIT");
 const NOTIFY = statement("notify", "SELECT pg_notify($1, $2)");
+/**
+ * How long one write tries a key whose producer has not committed (its lock is busy) before answering it
+ * busy: long enough for a typical producer transaction, short enough that one long one does not hold a
+ * completion slot the other keys' outcomes need.
+ */
+const BUSY_WAIT_MS = 100;
 
 function pushFollowUp(p: FollowUpParams, f: PreparedFollowUp): void {
   p.queues.push(f.queue);
@@ -161,8 +167,10 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
    * went (handing up to `handOff` of them to the caller), in one transaction. The completion tries each
    * head's key lock; the promotion, a statement of its own and so with a fresh snapshot taken while the
    * locks are held, sees every row a producer of the key committed. A head whose key a producer is
-   * publishing to right now stays in place (its lock is busy) and is tried again shortly, until the
-   * producer commits, for at most one query timeout.
+   * publishing to right now stays in place (its lock is busy) and is tried again shortly; still busy after
+   * BUSY_WAIT_MS, it is answered as busy (`Landed.busy`), for the caller to write again later. A producer
+   * may hold its key for as long as its transaction runs: failing the batch instead would end in the
+   * worker giving up, and a lease left to run out would deliver a handled message again.
    */
   async function completeKeyed<W extends { held: Delivery }>(
     writes: readonly W[],
@@ -175,15 +183,18 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     const handedOff: LeasedRow[] = [];
     let pending = writes;
     let allWritten = false;
-    const deadline = Date.now() + options.queryTimeoutMs;
+    const deadline = Date.now() + Math.min(options.queryTimeoutMs, BUSY_WAIT_MS);
+    let busy = new Set<string>();
     try {
       for (let attempt = 0; ; attempt++) {
-        const { keys, busy, next } = await round(pending, {
+        const answer = await round(pending, {
           limit: Math.max(0, handOff - handedOff.length),
           token,
           leaseTtlMs: options.leaseTtlMs,
           workerId: options.workerId,
         });
+        const { keys, next } = answer;
+        busy = answer.busy;
         // The rows go on as they came (a copy per row costs the worker more than the extra fields do).
         for (const n of next) {
           if (n.taken) handedOff.push(n);
@@ -202,12 +213,9 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
         }
         if (busy.size === 0) break;
         options.onKeyBusy?.(busy.size);
-        if (Date.now() > deadline) {
-          throw new Error(
-            `${busy.size} key head(s) still locked by a producer after ${options.queryTimeoutMs} ms`,
-          );
-        }
-        pending = pending.filter((w) => busy.has(key(w.held)));
+        if (Date.now() > deadline) break;
+        const stillBusy = busy;
+        pending = pending.filter((w) => stillBusy.has(key(w.held)));
         await delay(Math.min(2 ** attempt, 50));
       }
     } catch (error) {
@@ -219,7 +227,12 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     // New heads not handed off may be due now: without a wake-up they would wait for the next poll.
     if (promoted > 0) options.onPromoted?.(promoted);
     const landed = allWritten ? allLanded(writes.length) : landedByKey(written, key);
-    return handedOff.length === 0 ? landed : { ...landed, handedOff: { token, rows: handedOff } };
+    const stillBusy = busy;
+    return {
+      ...landed,
+      ...(handedOff.length > 0 ? { handedOff: { token, rows: handedOff } } : {}),
+      ...(stillBusy.size > 0 ? { busy: (d: Delivery) => stillBusy.has(key(d)) } : {}),
+    };
   }
 
   /** The keyed ack: one call of `ack_key_heads` or `ack_keyed` (completion, promotion and hand-off). */
@@ -304,10 +317,10 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
   /**
    * The ack of keyless deliveries with keyed follow-ups: their key locks tried first in one transaction
    * (see ackFollowUpRound), then the one-statement ack; while a producer of one of those keys is in
-   * flight, tried again shortly, for at most one query timeout.
+   * flight, tried again shortly. Still busy after BUSY_WAIT_MS: "busy", nothing written.
    */
-  async function ackWithFollowUpKeys(writes: readonly AckWrite[]): Promise<AckRow | undefined> {
-    const deadline = Date.now() + options.queryTimeoutMs;
+  async function ackWithFollowUpKeys(writes: readonly AckWrite[]): Promise<AckRow | undefined | "busy"> {
+    const deadline = Date.now() + Math.min(options.queryTimeoutMs, BUSY_WAIT_MS);
     for (let attempt = 0; ; attempt++) {
       const answer = await transaction(async (client) => {
         const run = <P, R>(q: Query<P, R>, p: P) =>
@@ -319,9 +332,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
       });
       if (answer) return answer[0];
       options.onKeyBusy?.(writes.length);
-      if (Date.now() > deadline) {
-        throw new Error(`follow-up keys still locked by a producer after ${options.queryTimeoutMs} ms`);
-      }
+      if (Date.now() > deadline) return "busy";
       await delay(Math.min(2 ** attempt, 50));
     }
   }
@@ -436,6 +447,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
         : follow
           ? await insertingFollowUps(() => query(sql.ackFollowUps, { ...pairs(held(writes)), ...follow }))
           : await query(sql.ack, pairs(held(writes)));
+      if (result === "busy") return { has: () => false, count: 0, busy: () => true };
       // The statement names the deleted deliveries only when some were not deleted.
       return result?.keys ? landedByKey(new Set(result.keys), key) : allLanded(writes.length);
     },

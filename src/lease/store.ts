@@ -62,6 +62,11 @@ export interface Landed {
    * removed, when due, up to the `handOff` limit the caller gave. The caller now holds them.
    */
   readonly handedOff?: Lease;
+  /**
+   * The deliveries written nothing for because a producer of their key has not committed yet (the key's
+   * lock is busy): still held under their token, neither landed nor lost. Write them again shortly.
+   */
+  busy?(delivery: Delivery): boolean;
 }
 
 /**
