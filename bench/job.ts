@@ -3,7 +3,7 @@
  * one `BENCH_RESULT {json}` line. Each job works in its own fresh schema and drops it at the end.
  */
 import { randomUUID } from "node:crypto";
-import { readFileSync } from "node:fs";
+import { readFileSync, writeFileSync } from "node:fs";
 import pg from "pg";
 import { completeStatements } from "../src/sql/complete.js";
 import { runQuery, textArray } from "../src/sql/executor.js";
@@ -209,6 +209,16 @@ async function runSql(text: string): Promise<void> {
   }
 }
 
+/**
+ * With BENCH_PERF_FIFO set to a `perf record --control fifo:…` control file, a drain turns the profiler on
+ * for its own window only (not the fill):
+ * `perf record -e cpu-clock -a -g -D -1 --control fifo:/tmp/ctl` beside the job.
+ */
+function profileWindow(command: "enable" | "disable"): void {
+  const fifo = process.env.BENCH_PERF_FIFO;
+  if (fifo) writeFileSync(fifo, `${command}\n`);
+}
+
 async function drain(spec: Extract<JobSpec, { kind: "drain" }>): Promise<DrainResult> {
   const schema = `bench_drain_${spec.peer}${spec.keys ? "_keyed" : ""}`;
   const peer = peerFor(spec.peer, schema, true, !!spec.keys);
@@ -227,6 +237,7 @@ async function drain(spec: Extract<JobSpec, { kind: "drain" }>): Promise<DrainRe
   let atHi = 0;
   const rss = sampleRss();
   const cpu = cpuMeter();
+  profileWindow("enable");
   await peer.startWorker({
     concurrency: spec.concurrency,
     listen: true,
@@ -245,6 +256,7 @@ async function drain(spec: Extract<JobSpec, { kind: "drain" }>): Promise<DrainRe
   if (!partial) await until(async () => (await peer.remaining()) === 0, 60_000, 2);
   const seconds = (performance.now() - first) / 1000;
   const used = cpu.stop();
+  profileWindow("disable");
   const rssMb = Math.max(...rss.stop()) / MB;
   await peer.stopWorker();
   await peer.teardown();
