@@ -137,6 +137,53 @@ describe("outbox-worker asyncapi", () => {
     expect(channelOf(doc, "audit").schema).toEqual({ title: "audit" });
   });
 
+  it("a recursive or shared payload schema: its definitions become components, and every $ref resolves in the document", async () => {
+    // zod writes a recursive schema, or one given an id, once under the payload's own `definitions` and
+    // refers to it as `#/definitions/…`; inside the AsyncAPI document such a ref resolves from the root.
+    const dir = await testTempDir("outbox-asyncapi-");
+    const body = `const Category = z.object({ name: z.string(), get children() { return z.array(Category); } });
+const Money = z.object({ cents: z.number().int(), currency: z.string() }).meta({ id: "Money" });
+export const tree = defineQueue("tree.changed", z.object({ root: Category }));
+export const paid = defineQueue("order/paid", z.object({ total: Money, tip: Money }));`;
+    const { code, stdout, stderr } = await asyncapi([
+      "--queues",
+      await queuesModule(dir, "defs", body),
+      "--format",
+      "json",
+    ]);
+    expect(stderr).toBe("");
+    expect(code).toBe(0);
+    expect(await asyncapiErrors(stdout)).toEqual([]);
+    const doc = JSON.parse(stdout) as Doc;
+    const refs: string[] = [];
+    (function collect(node: unknown): void {
+      if (Array.isArray(node)) node.forEach(collect);
+      else if (node !== null && typeof node === "object") {
+        for (const [k, v] of Object.entries(node)) {
+          if (k === "$ref" && typeof v === "string") refs.push(v);
+          else collect(v);
+        }
+      }
+    })(doc);
+    const resolve = (ref: string) =>
+      ref
+        .slice(2)
+        .split("/")
+        .map((p) => p.replaceAll("~1", "/").replaceAll("~0", "~"))
+        .reduce<unknown>((at, p) => (at as Record<string, unknown> | undefined)?.[p], doc);
+    expect(refs.filter((r) => !r.startsWith("#/") || resolve(r) === undefined)).toEqual([]);
+    expect(JSON.stringify(doc.components.schemas)).not.toMatch(/"(definitions|\$defs)"/);
+    // The recursion goes through a component that refers to itself; both uses of Money share one.
+    const tree = channelOf(doc, "tree.changed").schema as { properties: { root: { $ref: string } } };
+    const category = resolve(tree.properties.root.$ref) as {
+      properties: { children: { items: { $ref: string } } };
+    };
+    expect(category.properties.children.items.$ref).toBe(tree.properties.root.$ref);
+    const paid = channelOf(doc, "order/paid").schema as { properties: Record<string, { $ref: string }> };
+    expect(paid.properties.total?.$ref).toBe(paid.properties.tip?.$ref);
+    expect(resolve(paid.properties.total?.$ref ?? "")).toMatchObject({ required: ["cents", "currency"] });
+  });
+
   it("prints JSON with --format json, and the title and version asked for", async () => {
     const dir = await testTempDir("outbox-asyncapi-");
     const { code, stdout } = await asyncapi([

@@ -26,6 +26,45 @@ function idFor(name: string, taken: Set<string>): string {
   return id;
 }
 
+/**
+ * A payload schema whose shared parts zod wrote once, under its own `definitions` (`$defs` in 2020-12), and
+ * refers to as `#/definitions/Name`: a recursive schema, or one given an id. Inside the AsyncAPI document a
+ * `#/…` ref resolves from the document's root, where those definitions are not. Each becomes a component
+ * schema of its own (`<payload id>.<name>`), and every ref to it is rewritten to point there.
+ */
+function hoistDefinitions(
+  schema: JsonSchema,
+  id: string,
+  taken: Set<string>,
+  components: Record<string, unknown>,
+): JsonSchema {
+  const { definitions, $defs, ...rest } = schema;
+  const defs = { ...(definitions as JsonSchema | undefined), ...($defs as JsonSchema | undefined) };
+  if (Object.keys(defs).length === 0) return schema;
+  // Old ref → new ref; a JSON Pointer escapes `~` and `/` in a name.
+  const moved = new Map<string, string>();
+  const targets: [string, unknown][] = [];
+  for (const [name, def] of Object.entries(defs)) {
+    const target = idFor(`${id}.${name}`, taken);
+    const pointer = name.replaceAll("~", "~0").replaceAll("/", "~1");
+    moved.set(`#/definitions/${pointer}`, `#/components/schemas/${target}`);
+    moved.set(`#/$defs/${pointer}`, `#/components/schemas/${target}`);
+    targets.push([target, def]);
+  }
+  const rewrite = (node: unknown): unknown => {
+    if (Array.isArray(node)) return node.map(rewrite);
+    if (node === null || typeof node !== "object") return node;
+    return Object.fromEntries(
+      Object.entries(node).map(([k, v]) => [
+        k,
+        k === "$ref" && typeof v === "string" ? (moved.get(v) ?? v) : rewrite(v),
+      ]),
+    );
+  };
+  for (const [target, def] of targets) components[target] = rewrite(def);
+  return rewrite(rest) as JsonSchema;
+}
+
 function headersSchema(transport: TransportDescription): JsonSchema {
   return {
     type: "object",
@@ -88,7 +127,9 @@ export async function buildAsyncApi(
     const id = idFor(queue.name, ids);
     const relay = relays[queue.name];
     const defined = queues.some((q) => q.name === queue.name);
-    const payload = payloadJsonSchema(queue, "draft-07");
+    // The payload's own entry first, then what it refers to.
+    schemas[id] = {};
+    const payload = hoistDefinitions(payloadJsonSchema(queue, "draft-07"), id, ids, schemas);
     schemas[id] = {
       title: queue.name,
       ...(defined ? {} : { description: "not defined in the queues module: any JSON value" }),
