@@ -32,6 +32,11 @@ export interface CompleterDeps {
   };
   onError(error: Error, consecutive: number): void;
   onFatal(error: Error): void;
+  /**
+   * An outcome answered busy for `afterMs` already (a producer's transaction on its key stays open): told
+   * once per outcome, so a long wait is seen, not only failures.
+   */
+  longWait?: { afterMs: number; report(outcome: Outcome, waitedMs: number): void };
   batchSize: number;
   windowMs: number;
   backoffBaseMs: number;
@@ -62,6 +67,8 @@ export class Completer {
   /** Outcomes answered busy, waiting to be written again (see #writeLater). */
   #waiting = new Set<Outcome>();
   #busyTries = new WeakMap<Outcome, number>();
+  #busySince = new WeakMap<Outcome, number>();
+  #reportedWaits = new WeakSet<Outcome>();
   #busyTimers = new Set<NodeJS.Timeout>();
 
   constructor(private readonly deps: CompleterDeps) {}
@@ -192,11 +199,19 @@ export class Completer {
    */
   #writeLater(outcomes: Outcome[]): void {
     let tries = 0;
+    const now = Date.now();
+    const longWait = this.deps.longWait;
     for (const o of outcomes) {
       const n = (this.#busyTries.get(o) ?? 0) + 1;
       this.#busyTries.set(o, n);
       tries = Math.max(tries, n);
       this.#waiting.add(o);
+      const since = this.#busySince.get(o) ?? now;
+      this.#busySince.set(o, since);
+      if (longWait && now - since >= longWait.afterMs && !this.#reportedWaits.has(o)) {
+        this.#reportedWaits.add(o);
+        longWait.report(o, now - since);
+      }
     }
     const timer = setTimeout(
       () => {

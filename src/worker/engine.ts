@@ -47,6 +47,9 @@ export interface Engine {
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
+/** A completion waiting this long on a producer of its key is logged (warn), once. */
+const LONG_WAIT_MS = 10_000;
+
 /** True if `promise` settles within `ms`. The timer is cleared either way, so it never holds the process open. */
 export async function within(promise: Promise<unknown>, ms: number): Promise<boolean> {
   let timer: NodeJS.Timeout | undefined;
@@ -122,6 +125,16 @@ export function createEngine(deps: EngineDeps): Engine {
       },
     },
     flushed: () => fetcher.slotsFreed(),
+    longWait: {
+      afterMs: LONG_WAIT_MS,
+      report: (o, waitedMs) => {
+        const { id, queue: q, key } = o.held.row;
+        log.warn(
+          { id, queue: q, key, waitedMs },
+          "completion waiting on a producer's open transaction on its key: the key goes on once it commits",
+        );
+      },
+    },
     onError: (error, n) => health.failed("complete", error, n),
     onFatal: deps.onFatal,
   });

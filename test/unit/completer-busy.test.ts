@@ -39,7 +39,9 @@ async function setup() {
   const landed: HeldRow[] = [];
   const lost: HeldRow[] = [];
   const errors: Error[] = [];
+  const waits: [string, number][] = [];
   const completer = new Completer({
+    longWait: { afterMs: 5000, report: (o, waitedMs) => waits.push([o.held.id, waitedMs]) },
     store,
     landed: (o: Outcome) => landed.push(o.held),
     lost: (o: Outcome) => lost.push(o.held),
@@ -65,6 +67,7 @@ async function setup() {
     landed,
     lost,
     errors,
+    waits,
     commit: () => {
       busy = false;
     },
@@ -95,6 +98,17 @@ describe("completer: outcomes answered busy", () => {
     await runTimers(3000);
     expect(s.landed).toEqual([s.freeRow, s.busyRow]);
     expect([s.lost, s.errors, s.completer.pending, s.table.rows.size]).toEqual([[], [], 0, 0]);
+  });
+
+  it("reports a wait once it has lasted longWait.afterMs, and only once", async () => {
+    const s = await setup();
+    await runTimers(4000);
+    expect(s.waits).toEqual([]);
+    await runTimers(2500);
+    expect(s.waits.map(([id]) => id)).toEqual([s.busyRow.id]);
+    expect(s.waits[0]?.[1]).toBeGreaterThanOrEqual(5000);
+    await runTimers(20_000);
+    expect(s.waits).toHaveLength(1);
   });
 
   it("drops a waiting outcome whose lease was lost (forget): nothing more is written for it", async () => {
