@@ -179,13 +179,6 @@ function orderCheck(keys: number): { see(n: number): void; readonly violations: 
 
 const MB = 2 ** 20;
 
-async function checkpoint(): Promise<void> {
-  const client = new pg.Client({ connectionString: DATABASE_URL });
-  await client.connect();
-  await client.query("CHECKPOINT");
-  await client.end();
-}
-
 /**
  * A prototype's SQL for `schema`, split at its `-- after fill` line: what runs on the migrated, empty
  * schema, and what runs once the fill is in.
@@ -199,6 +192,7 @@ function prototypeSql(variant: string, schema: string): [string, string] {
   return [before, after];
 }
 
+/** `text` (one or more statements) on a connection of its own. */
 async function runSql(text: string): Promise<void> {
   const client = new pg.Client({ connectionString: DATABASE_URL });
   await client.connect();
@@ -308,7 +302,7 @@ async function sqlCeiling(spec: Extract<JobSpec, { kind: "sql" }>): Promise<Drai
 async function latency(spec: Extract<JobSpec, { kind: "latency" }>): Promise<LatencyResult> {
   const peer = peerFor(spec.peer, `bench_latency_${spec.peer}`, spec.listen);
   await peer.setup();
-  await checkpoint();
+  await runSql("CHECKPOINT");
   const started = new Map<number, number>();
   await peer.startWorker({
     concurrency: 10,
@@ -348,7 +342,7 @@ async function producer(spec: Extract<JobSpec, { kind: "producer" }>): Promise<P
   const schema = `bench_producer_${spec.peer}`;
   const peer = peerFor(spec.peer, schema, spec.mode !== "quiet");
   await peer.setup();
-  await checkpoint();
+  await runSql("CHECKPOINT");
   // A worker-like LISTEN connection, so notifications are delivered as they would be in production.
   const listener = new pg.Client({ connectionString: DATABASE_URL });
   await listener.connect();

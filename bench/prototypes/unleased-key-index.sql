@@ -30,47 +30,37 @@ BEGIN
 END
 $$;
 
--- The product's promote_heads (migration 0003) but for the successor lookup, which reads unleased rows
--- only, and the key_heads row of a key left without rows, deleted in the same statement.
-CREATE OR REPLACE FUNCTION {{schema}}.promote_heads(
-  queues text[], keys text[], hand_off integer, hand_token uuid, lease_ttl_ms double precision, worker_id text
-) RETURNS TABLE (
-  id text, queue text, payload text, headers jsonb, key text, created_epoch double precision,
-  deliveries_count integer, attempts_count integer, failures_count integer,
-  first_attempt_at timestamptz, last_attempt_at timestamptz, taken boolean
-)
-LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-BEGIN
-  RETURN QUERY
-  WITH next AS (
-    SELECT k.queue, k.key, n.id, n.available_at <= now() AS due FROM unnest(queues, keys) AS k(queue, key)
-    LEFT JOIN LATERAL (
-      SELECT m.id, m.available_at FROM {{schema}}.messages AS m
-      WHERE m.queue = k.queue AND m.key = k.key AND m.key IS NOT NULL AND m.acquired_token IS NULL
-      ORDER BY m.id LIMIT 1
-    ) AS n ON true
-  ), ended AS (
+-- The product's promote_heads (migration 0003, as migrated into this schema), edited rather than copied so
+-- that the two cannot drift apart: the successor lookup reads unleased rows only, and the key_heads row of
+-- a key left without rows is deleted in the same statement. An edit whose text is not found stops here.
+DO $$
+DECLARE
+  fn text := pg_get_functiondef('{{schema}}.promote_heads(text[], text[], integer, uuid, double precision, text)'::regprocedure);
+  edits text[] := ARRAY[
+    'SELECT n.id, n.available_at <= now() AS due FROM unnest(queues, keys)',
+    'SELECT k.queue, k.key, n.id, n.available_at <= now() AS due FROM unnest(queues, keys)',
+    'CROSS JOIN LATERAL (',
+    'LEFT JOIN LATERAL (',
+    'WHERE m.queue = k.queue AND m.key = k.key ORDER BY m.id',
+    'WHERE m.queue = k.queue AND m.key = k.key AND m.key IS NOT NULL AND m.acquired_token IS NULL ORDER BY m.id',
+    ') AS n',
+    ') AS n ON true',
+    '), ranked AS (',
+    '), ended AS (
     DELETE FROM {{schema}}.key_heads AS h USING next AS x
     WHERE x.id IS NULL AND h.queue = x.queue AND h.key = x.key
-  ), ranked AS (
-    SELECT x.id, x.due AND row_number() OVER (ORDER BY x.due DESC, x.id) <= hand_off AS take
-    FROM next AS x WHERE x.id IS NOT NULL
-  )
-  UPDATE {{schema}}.messages AS t
-  SET head = true,
-      acquired_token = CASE WHEN r.take AND t.acquired_token IS NULL THEN hand_token ELSE t.acquired_token END,
-      acquired_at = CASE WHEN r.take AND t.acquired_token IS NULL THEN now() ELSE t.acquired_at END,
-      lease_expires_at = CASE WHEN r.take AND t.acquired_token IS NULL
-                              THEN now() + lease_ttl_ms * interval '1 millisecond'
-                              ELSE t.lease_expires_at END,
-      acquired_by = CASE WHEN r.take AND t.acquired_token IS NULL THEN worker_id ELSE t.acquired_by END,
-      deliveries_count = t.deliveries_count + CASE WHEN r.take AND t.acquired_token IS NULL THEN 1 ELSE 0 END
-  FROM ranked AS r
-  WHERE t.id = r.id AND (NOT t.head OR (r.take AND t.acquired_token IS NULL))
-  RETURNING t.id::text, t.queue, t.payload::text, t.headers, t.key, date_part('epoch', t.created_at),
-            t.deliveries_count, t.attempts_count, t.failures_count, t.first_attempt_at, t.last_attempt_at,
-            t.acquired_token IS NOT DISTINCT FROM hand_token;
+  ), ranked AS (',
+    'FROM next AS x',
+    'FROM next AS x WHERE x.id IS NOT NULL'
+  ];
+BEGIN
+  FOR i IN 1 .. array_length(edits, 1) BY 2 LOOP
+    IF position(edits[i] IN fn) = 0 THEN
+      RAISE EXCEPTION 'promote_heads no longer holds %: update this prototype', edits[i];
+    END IF;
+    fn := replace(fn, edits[i], edits[i + 1]);
+  END LOOP;
+  EXECUTE fn;
 END
 $$;
 
