@@ -66,9 +66,8 @@ export class Completer {
   #idleWaiters: (() => void)[] = [];
   /** Outcomes answered busy, waiting to be written again (see #writeLater). */
   #waiting = new Set<Outcome>();
-  #busyTries = new WeakMap<Outcome, number>();
-  #busySince = new WeakMap<Outcome, number>();
-  #reportedWaits = new WeakSet<Outcome>();
+  /** Per outcome answered busy: how often, since when, and whether its long wait was reported. */
+  #busy = new WeakMap<Outcome, { tries: number; since: number; reported: boolean }>();
   #busyTimers = new Set<NodeJS.Timeout>();
 
   constructor(private readonly deps: CompleterDeps) {}
@@ -202,15 +201,14 @@ export class Completer {
     const now = Date.now();
     const longWait = this.deps.longWait;
     for (const o of outcomes) {
-      const n = (this.#busyTries.get(o) ?? 0) + 1;
-      this.#busyTries.set(o, n);
-      tries = Math.max(tries, n);
+      const busy = this.#busy.get(o) ?? { tries: 0, since: now, reported: false };
+      this.#busy.set(o, busy);
+      busy.tries++;
+      tries = Math.max(tries, busy.tries);
       this.#waiting.add(o);
-      const since = this.#busySince.get(o) ?? now;
-      this.#busySince.set(o, since);
-      if (longWait && now - since >= longWait.afterMs && !this.#reportedWaits.has(o)) {
-        this.#reportedWaits.add(o);
-        longWait.report(o, now - since);
+      if (longWait && !busy.reported && now - busy.since >= longWait.afterMs) {
+        busy.reported = true;
+        longWait.report(o, now - busy.since);
       }
     }
     const timer = setTimeout(

@@ -214,8 +214,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
         if (busy.size === 0) break;
         options.onKeyBusy?.(busy.size);
         if (Date.now() > deadline) break;
-        const stillBusy = busy;
-        pending = pending.filter((w) => stillBusy.has(key(w.held)));
+        pending = pending.filter((w) => busy.has(key(w.held)));
         await delay(Math.min(2 ** attempt, 50));
       }
     } catch (error) {
@@ -227,11 +226,10 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     // New heads not handed off may be due now: without a wake-up they would wait for the next poll.
     if (promoted > 0) options.onPromoted?.(promoted);
     const landed = allWritten ? allLanded(writes.length) : landedByKey(written, key);
-    const stillBusy = busy;
     return {
       ...landed,
       ...(handedOff.length > 0 ? { handedOff: { token, rows: handedOff } } : {}),
-      ...(stillBusy.size > 0 ? { busy: (d: Delivery) => stillBusy.has(key(d)) } : {}),
+      ...(busy.size > 0 ? { busy: (d: Delivery) => busy.has(key(d)) } : {}),
     };
   }
 

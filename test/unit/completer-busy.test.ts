@@ -19,7 +19,6 @@ async function setup() {
   let busy = true;
   const calls: string[][] = [];
   const store: CompleterDeps["store"] = {
-    ...memory,
     retry: (w) => memory.retry(w),
     deadLetter: (w, n) => memory.deadLetter(w, n),
     whereabouts: (d) => memory.whereabouts(d),
