@@ -54,9 +54,10 @@ describe("table health", () => {
         expect(warnings[0]?.health).toMatch(/AUTOVACUUM OFF/);
         // And /metrics says the same, with the dead tuples.
         let metrics = "";
+        // A gauge reads 0 until its first refresh: the table's size, never 0 once read, tells it was.
         await until(async () => {
           metrics = await (await fetch(`http://127.0.0.1:${service.httpPort}/metrics`)).text();
-          return /outbox_table_dead_tuples \d+/.test(metrics);
+          return /outbox_table_size_bytes [1-9]/.test(metrics);
         }, "table gauges refreshed");
         expect(metrics).toMatch(/outbox_table_autovacuum_enabled 0/);
         expect(Number(/outbox_table_dead_tuples (\d+)/.exec(metrics)?.[1])).toBeGreaterThanOrEqual(200);
