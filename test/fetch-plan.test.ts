@@ -155,6 +155,59 @@ describe(`per-key ordering with one hot key of ${HOT} rows and ${OTHER_KEYS} oth
     expect(Math.max(...hits)).toBeLessThan(10_000);
   });
 
+  it("an ack's successor look-up starts above the deleted head: none of the key's deleted rows is read again", async () => {
+    const m = hot.names.messages;
+    const statements = completeStatements(hot.names, { synchronousCommit: true });
+    const client = await hot.pool.connect();
+    // This transaction's reads of the key index so far (its own statistics, counted as they happen).
+    const keyIndexReads = async () =>
+      Number(
+        (
+          await client.query(`SELECT pg_stat_get_xact_tuples_returned($1::regclass) AS n`, [
+            `${hot.names.quotedSchema}.messages_key_idx`,
+          ])
+        ).rows[0].n,
+      );
+    try {
+      await client.query("BEGIN");
+      // The hot key's head leased, then acked 20 times in a row in one transaction, each ack handing the next
+      // row on: every row deleted here leaves two index entries (as published, as leased) that no one can
+      // prune before this transaction ends, so a look-up from the start of the key would read them all.
+      let token = randomUUID();
+      await client.query(
+        `UPDATE ${m} SET acquired_token = $1, acquired_at = now(), lease_expires_at = now() + interval '1 minute'
+         WHERE id = 1`,
+        [token],
+      );
+      let id = "1";
+      const perAck: number[] = [];
+      for (let i = 0; i < 20; i++) {
+        const next = randomUUID();
+        const before = await keyIndexReads();
+        const rows = await runQuery(client, statements.ackKeyHeads, {
+          ids: `{${id}}`,
+          tokens: `{${token}}`,
+          queues: "{q}",
+          keys: "{hot}",
+          limit: 1,
+          token: next,
+          leaseTtlMs: 60_000,
+          workerId: "w",
+        });
+        perAck.push((await keyIndexReads()) - before);
+        const handed = rows.flatMap((r) => (r.kind === "promoted" && r.taken ? [r.id] : []));
+        expect(handed.map(Number)).toEqual([Number(id) + 1]);
+        id = handed[0] as string;
+        token = next;
+      }
+      // The successor's own entry (and none of the 2 × 19 entries of the rows deleted before it).
+      expect(Math.max(...perAck)).toBeLessThanOrEqual(1);
+    } finally {
+      await client.query("ROLLBACK");
+      client.release();
+    }
+  });
+
   it("promoting the hot key's successor reads two index entries, not its backlog", async (ctx) => {
     const text = completeStatements(hot.names, { synchronousCommit: true }).promote.statement.text;
     // The promotion runs inside a function (promote_heads): auto_explain shows the plan of its UPDATE,

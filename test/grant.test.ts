@@ -187,6 +187,7 @@ describe("outbox-worker grant: what each role holds", () => {
       "ack_keyed: EXECUTE",
       "ack_key_heads: EXECUTE",
       "promote_heads: EXECUTE",
+      "promote_heads_after: EXECUTE",
     ];
     expect(await privilegesOf(role.worker)).toEqual([...workerRights].sort());
     expect(await privilegesOf(role.expirer)).toEqual([...workerRights, "dead_letters: DELETE"].sort());
@@ -242,21 +243,49 @@ describe("upgrading a schema whose rights were granted", () => {
     }
   });
 
-  it("gives ack_key_heads (migration 0006) to whoever may call ack_keyed, and not to PUBLIC", async () => {
+  /** A schema at the migrations of `files`, dropped after `body`. */
+  async function olderSchema(files: RegExp, body: (upgraded: string) => Promise<void>): Promise<void> {
     const upgraded = `${schema}_up`;
     await db.pool.query(`DROP SCHEMA IF EXISTS "${upgraded}" CASCADE`);
     const dir = await testTempDir("outbox-grant-migrations-");
-    for (const file of (await readdir(MIGRATIONS_DIR)).filter((f) => /^000[1-5]_\w+\.sql$/.test(f))) {
+    for (const file of (await readdir(MIGRATIONS_DIR)).filter((f) => files.test(f))) {
       await copyFile(path.join(MIGRATIONS_DIR, file), path.join(dir, file));
     }
     try {
       await migrate({ connection: db.pool, schema: upgraded, migrationsDir: dir });
+      await body(upgraded);
+    } finally {
+      await db.pool.query(`DROP SCHEMA IF EXISTS "${upgraded}" CASCADE`);
+    }
+  }
+
+  /** `fn` may be called by the worker, not by the producer, and not by PUBLIC. */
+  async function expectWorkerOnly(fn: string): Promise<void> {
+    const may = async (who: string) =>
+      (
+        await db.pool.query<{ ok: boolean }>("SELECT has_function_privilege($1, $2, 'EXECUTE') AS ok", [
+          who,
+          fn,
+        ])
+      ).rows[0]?.ok;
+    expect(await may(role.worker)).toBe(true);
+    expect(await may(role.producer)).toBe(false);
+    const { rows } = await db.pool.query(
+      `SELECT 1 FROM pg_proc, aclexplode(COALESCE(proacl, acldefault('f', proowner))) AS a
+       WHERE oid = $1::regprocedure AND a.grantee = 0`,
+      [fn],
+    );
+    expect(rows).toEqual([]);
+  }
+
+  it("gives ack_key_heads (migration 0006) to whoever may call ack_keyed, and not to PUBLIC", async () => {
+    await olderSchema(/^000[1-5]_\w+\.sql$/, async (upgraded) => {
       // This version's grant on the older schema: refused before any change, naming the fix.
       const owner = { PATH: process.env.PATH, DATABASE_URL: db.url };
       const early = await runCli(["grant", "--schema", upgraded, "--worker", role.worker], owner);
       expect(early.code).toBe(1);
       expect(early.stderr).toContain(
-        `schema "${upgraded}" is older than this version (migrations 6 pending): run \`outbox-worker migrate --schema ${upgraded}\` first`,
+        `schema "${upgraded}" is older than this version (migrations 6, 7, 8, 9 pending): run \`outbox-worker migrate --schema ${upgraded}\` first`,
       );
       const rights = await db.pool.query<{ n: number }>(
         `SELECT count(*)::int AS n FROM information_schema.role_table_grants WHERE grantee = $1 AND table_schema = $2`,
@@ -269,26 +298,26 @@ describe("upgrading a schema whose rights were granted", () => {
          GRANT EXECUTE ON FUNCTION "${upgraded}".ack_keyed(bigint[], uuid[], integer, uuid, double precision, text, boolean) TO "${role.worker}"`,
       );
       const result = await migrate({ connection: db.pool, schema: upgraded });
-      expect(result.applied.map((m) => m.version)).toEqual([6]);
-      const fn = `"${upgraded}".ack_key_heads(bigint[], uuid[], text[], text[], integer, uuid, double precision, text, boolean)`;
-      const may = async (who: string) =>
-        (
-          await db.pool.query<{ ok: boolean }>("SELECT has_function_privilege($1, $2, 'EXECUTE') AS ok", [
-            who,
-            fn,
-          ])
-        ).rows[0]?.ok;
-      expect(await may(role.worker)).toBe(true);
-      expect(await may(role.producer)).toBe(false);
-      const { rows } = await db.pool.query(
-        `SELECT 1 FROM pg_proc, aclexplode(COALESCE(proacl, acldefault('f', proowner))) AS a
-         WHERE oid = $1::regprocedure AND a.grantee = 0`,
-        [fn],
+      expect(result.applied.map((m) => m.version)).toEqual([6, 7, 8, 9]);
+      await expectWorkerOnly(
+        `"${upgraded}".ack_key_heads(bigint[], uuid[], text[], text[], integer, uuid, double precision, text, boolean)`,
       );
-      expect(rows).toEqual([]);
-    } finally {
-      await db.pool.query(`DROP SCHEMA IF EXISTS "${upgraded}" CASCADE`);
-    }
+    });
+  });
+
+  it("gives promote_heads_after (migration 0009) to whoever may call promote_heads, and not to PUBLIC", async () => {
+    await olderSchema(/^000[1-8]_\w+\.sql$/, async (upgraded) => {
+      // What `grant` of the release before 0009 did to the functions.
+      await db.pool.query(
+        `REVOKE ALL ON ALL FUNCTIONS IN SCHEMA "${upgraded}" FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION "${upgraded}".promote_heads(text[], text[], integer, uuid, double precision, text) TO "${role.worker}"`,
+      );
+      const result = await migrate({ connection: db.pool, schema: upgraded });
+      expect(result.applied.map((m) => m.version)).toEqual([9]);
+      await expectWorkerOnly(
+        `"${upgraded}".promote_heads_after(text[], text[], bigint[], integer, uuid, double precision, text)`,
+      );
+    });
   });
 });
 
@@ -638,6 +667,15 @@ describe("every right is needed", () => {
     });
   const ackKeyed = () =>
     runQuery(worker, complete.ackKeyed, { ...none, limit: 0, token, leaseTtlMs: 1000, workerId: "w" });
+  const promote = () =>
+    runQuery(worker, complete.promote, {
+      queues: [],
+      keys: [],
+      limit: 0,
+      token,
+      leaseTtlMs: 1000,
+      workerId: "w",
+    });
   const ackKeyHeads = () =>
     runQuery(worker, complete.ackKeyHeads, {
       ...none,
@@ -723,15 +761,13 @@ describe("every right is needed", () => {
     {
       right: `EXECUTE ON ${fn("promote_heads(text[], text[], integer, uuid, double precision, text)")}`,
       of: role.worker,
-      op: () =>
-        runQuery(worker, complete.promote, {
-          queues: [],
-          keys: [],
-          limit: 0,
-          token,
-          leaseTtlMs: 1000,
-          workerId: "w",
-        }),
+      op: promote,
+    },
+    {
+      // promote_heads runs its promotion through promote_heads_after (migration 0009).
+      right: `EXECUTE ON ${fn("promote_heads_after(text[], text[], bigint[], integer, uuid, double precision, text)")}`,
+      of: role.worker,
+      op: promote,
     },
     {
       right: `DELETE ON ${dl}`,

@@ -355,6 +355,54 @@ describe("commit order: publish serialises producers of one key", () => {
     },
   );
 
+  it("a plain-SQL row whose id was drawn before the key's lock runs right after the head it waited behind", async () => {
+    // `early` inserts without taking the key's lock first: its id is drawn, then the trigger waits for the
+    // lock that `late` holds. `late` commits a later id first, which heads the key; `early`'s row comes in
+    // below it, and must be found when that head is acked (the promotion otherwise looks above the head).
+    const m = db.names.messages;
+    const early = await db.pool.connect();
+    const late = await db.pool.connect();
+    try {
+      await early.query("BEGIN");
+      await late.query("BEGIN");
+      await late.query("SELECT pg_advisory_xact_lock(hashtext('plainrace'), hashtext('k'))");
+      const earlyPid = (await early.query("SELECT pg_backend_pid() AS pid")).rows[0].pid as number;
+      const insert = (c: PoolClient, n: number) =>
+        c
+          .query<{ id: string }>(
+            `INSERT INTO ${m} (queue, payload, key) VALUES ('plainrace', jsonb_build_object('n', ${n}), 'k') RETURNING id::text`,
+          )
+          .then((r) => r.rows[0]?.id as string);
+      const earlyInsert = insert(early, 1);
+      await until(
+        async () =>
+          (
+            await db.pool.query(
+              "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = $1",
+              [earlyPid],
+            )
+          ).rows[0].n > 0,
+        "early waiting on the key lock, its id drawn",
+      );
+      const lateId = await insert(late, 2);
+      await late.query("COMMIT");
+      const earlyId = await earlyInsert;
+      await early.query("COMMIT");
+      expect(Number(earlyId)).toBeLessThan(Number(lateId));
+      const [after] = await publishMany("plainrace", [{ payload: { n: 3 }, key: "k" }]);
+      const t = tracker();
+      await workers.start({ concurrency: 8, queues: { plainrace: (_p, msg) => t.run(msg, async () => {}) } });
+      await until(async () => (await remaining()) === 0, "every message handled");
+      // Commit order for the two racing producers (the README's plain-SQL note), then the later publish.
+      expect(t.done("k")).toEqual([lateId, earlyId, after]);
+    } finally {
+      await early.query("ROLLBACK").catch(() => {});
+      await late.query("ROLLBACK").catch(() => {});
+      early.release();
+      late.release();
+    }
+  });
+
   it("two batches taking the same keys in opposite orders never deadlock", async () => {
     for (let round = 0; round < 3; round++) {
       const [a, b] = [`a${round}`, `b${round}`];

@@ -10,7 +10,7 @@ import { testTempDir } from "./helpers/temp-dir.js";
 import { until } from "./helpers/worker.js";
 
 /**
- * The per-key ordering upgrade (0003 + 0004) on a live outbox: a table at version 2 holding rows, producers
+ * The per-key ordering upgrade (0003 + 0004, and 0007–0009 after it) on a live outbox: a table at version 2 holding rows, producers
  * publishing on their own connections the whole time, and `migrate` run in the middle. No producer may wait
  * more than a moment. bench/upgrade.ts runs the same scenario at 1M rows for the README's figure.
  */
@@ -135,19 +135,21 @@ describe("the per-key ordering upgrade on a live outbox", () => {
       await producers.stop();
     }
 
-    expect(result.applied.map((m) => m.version)).toEqual([3, 4, 5, 6]);
+    expect(result.applied.map((m) => m.version)).toEqual([3, 4, 5, 6, 7, 8, 9]);
     const latencies = producers.commits.map((c) => c.end - c.start);
     const during = producers.commits.filter((c) => c.end >= migrateStart && c.start <= migrateEnd);
     const committedDuring = during.filter((c) => c.end <= migrateEnd).length;
-    const after0003 = phases.find((p) => p.version === 3)?.at ?? migrateEnd;
-    // While 0004 runs: the backfill UPDATE and both concurrent index builds.
+    const at = (version: number) => phases.find((p) => p.version === version)?.at ?? migrateEnd;
+    const after0003 = at(3);
+    // After 0003: 0004's backfill UPDATE and concurrent index builds, and the migrations after it.
     const committedDuring0004 = during.filter((c) => c.start >= after0003 && c.end <= migrateEnd).length;
     const longest = Math.max(...latencies);
     const longestDuring = Math.max(...during.map((c) => c.end - c.start));
     const before = producers.commits.filter((c) => c.end < migrateStart).map((c) => c.end - c.start);
     console.log(
       `[migrate-live] ${ROWS.toLocaleString("en-US")} rows, ${PRODUCERS} producers: upgrade ${Math.round(migrateEnd - migrateStart)} ms ` +
-        `(0003 ${Math.round(after0003 - migrateStart)} ms, 0004 ${Math.round(migrateEnd - after0003)} ms); ` +
+        `(0003 ${Math.round(after0003 - migrateStart)} ms, 0004 ${Math.round(at(4) - after0003)} ms, ` +
+        `0007–0009 ${Math.round(at(9) - at(6))} ms); ` +
         `${committedDuring} commits during it (${committedDuring0004} during 0004); ` +
         `longest producer stall ${Math.round(longestDuring)} ms during the upgrade, ${Math.round(longest)} ms overall ` +
         `(p99 ${percentile(latencies, 99).toFixed(1)} ms, before the upgrade max ${Math.round(Math.max(...before))} ms)`,
@@ -166,12 +168,14 @@ describe("the per-key ordering upgrade on a live outbox", () => {
               count(*) FILTER (WHERE key IS NOT NULL AND head <> (id = first_id))::int AS keyed_wrong,
               count(*) FILTER (WHERE key IS NOT NULL AND NOT head)::int AS waiting,
               count(*) FILTER (WHERE id > $1 AND key IS NOT NULL AND NOT head)::int AS new_waiting,
-              count(*) FILTER (WHERE id > $1 AND key IS NOT NULL AND head)::int AS new_heads
-       FROM (SELECT id, key, head, min(id) OVER (PARTITION BY queue, key) AS first_id
+              count(*) FILTER (WHERE id > $1 AND key IS NOT NULL AND head)::int AS new_heads,
+              count(*) FILTER (WHERE below_head)::int AS below_head
+       FROM (SELECT id, key, head, below_head, min(id) OVER (PARTITION BY queue, key) AS first_id
              FROM "${schema}".messages) AS m`,
       [maxIdBefore],
     );
-    expect(rows[0]).toMatchObject({ keyless_not_head: 0, keyed_wrong: 0 });
+    // No row came in below its key's head (0007's mark): every producer here took the key's lock first.
+    expect(rows[0]).toMatchObject({ keyless_not_head: 0, keyed_wrong: 0, below_head: 0 });
     expect(rows[0].waiting).toBeGreaterThanOrEqual(ROWS / 2 - KEYS);
     // The producers' rows took both branches: behind an existing key's rows, and heads of new keys.
     expect(rows[0].new_waiting).toBeGreaterThan(0);
@@ -215,7 +219,7 @@ describe("the per-key ordering upgrade on a live outbox", () => {
       );
       await reader.query("COMMIT");
       const result = await upgrade;
-      expect(result.applied.map((m) => m.version)).toEqual([3, 4, 5, 6]);
+      expect(result.applied.map((m) => m.version)).toEqual([3, 4, 5, 6, 7, 8, 9]);
     } finally {
       await reader.end();
       await producers.stop();

@@ -1,10 +1,14 @@
 import { execFileSync } from "node:child_process";
-import { readFile, writeFile } from "node:fs/promises";
+import { copyFile, readdir, readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
 import pg from "pg";
 import { beforeAll, describe, expect, it } from "vitest";
 import { MigrationError, OutboxConfigError } from "../src/contract/errors.js";
+import { MIGRATIONS_DIR } from "../src/migrate/migration-files.js";
 import { migrate, migrationState, printMigrations } from "../src/migrate/migrator.js";
+import { completeStatements } from "../src/sql/complete.js";
+import { runQuery } from "../src/sql/executor.js";
+import { outboxNames } from "../src/sql/names.js";
 import { testDatabase } from "./helpers/database.js";
 import { testTempDir } from "./helpers/temp-dir.js";
 
@@ -37,6 +41,9 @@ describe("migrate", () => {
       { version: 4, name: "0004_key_heads_index" },
       { version: 5, name: "0005_ack_keyed_own_locks" },
       { version: 6, name: "0006_ack_key_heads" },
+      { version: 7, name: "0007_below_head" },
+      { version: 8, name: "0008_below_head_index" },
+      { version: 9, name: "0009_promote_after_head" },
     ]);
     const idx = await db.pool.query("SELECT indexname FROM pg_indexes WHERE schemaname = $1 ORDER BY 1", [
       db.schema,
@@ -47,6 +54,7 @@ describe("migrate", () => {
         "messages_waiting_idx",
         "messages_leased_idx",
         "messages_key_idx",
+        "messages_below_head_idx",
       ]),
     );
     // The ready index of before per-key ordering is gone: every unleased row is in exactly one of the two.
@@ -60,7 +68,7 @@ describe("migrate", () => {
   it("is a no-op the second time", async () => {
     const again = await db.migrate();
     expect(again.applied).toEqual([]);
-    expect(again.version).toBe(6);
+    expect(again.version).toBe(9);
     expect((await migrationState({ connection: db.pool, schema: db.schema })).current).toBe(true);
   });
 
@@ -265,5 +273,61 @@ describe("migrate", () => {
     expect(await tableExists(schema, "messages")).toBe(true);
     const result = await migrate({ connection: db.pool, schema });
     expect(result.applied).toEqual([]);
+  });
+});
+
+describe("0007–0009: the promotion looks above the deleted head", () => {
+  it("marks the rows already below a head of their key, so that head's ack still promotes them first", async () => {
+    const schema = db.freshSchema("below");
+    const dir = await testTempDir("outbox-migrations-");
+    for (const file of (await readdir(MIGRATIONS_DIR)).filter((f) => /^000[1-6]_\w+\.sql$/.test(f))) {
+      await copyFile(path.join(MIGRATIONS_DIR, file), path.join(dir, file));
+    }
+    await migrate({ connection: db.pool, schema, migrationsDir: dir });
+    const names = outboxNames(schema);
+    const m = names.messages;
+    const insert = async (key: string | null, id?: number) =>
+      (
+        await db.pool.query<{ id: string }>(
+          `INSERT INTO ${m} ${id ? "(id, queue, payload, key) OVERRIDING SYSTEM VALUE" : "(queue, payload, key)"}
+           VALUES (${id ? `${id}, ` : ""}'q', '{}', $1) RETURNING id::text`,
+          [key],
+        )
+      ).rows[0]?.id as string;
+    // At version 6: a keyless row (1), then key a's head (2) and the row behind it (3). Row 1 goes, and a
+    // dead letter of key a comes back with that old id, as a replay does: below the head of its key.
+    const [keyless, head, behind] = [await insert(null), await insert("a"), await insert("a")];
+    await db.pool.query(`DELETE FROM ${m} WHERE id = $1`, [keyless]);
+    const replayed = await insert("a", Number(keyless));
+    const result = await migrate({ connection: db.pool, schema });
+    expect(result.applied.map((v) => v.version)).toEqual([7, 8, 9]);
+    const marks = await db.pool.query(`SELECT id::text, head, below_head FROM ${m} ORDER BY id`);
+    expect(marks.rows).toEqual([
+      { id: replayed, head: false, below_head: true },
+      { id: head, head: true, below_head: false },
+      { id: behind, head: false, below_head: false },
+    ]);
+    // The head leased and acked as a worker does: the row promoted (and handed off) is the replayed one,
+    // below the head, not the one above it.
+    const token = "00000000-0000-4000-8000-000000000001";
+    await db.pool.query(
+      `UPDATE ${m} SET acquired_token = $1, acquired_at = now(), lease_expires_at = now() + interval '1 minute'
+       WHERE id = $2`,
+      [token, head],
+    );
+    const rows = await runQuery(db.pool, completeStatements(names, { synchronousCommit: true }).ackKeyHeads, {
+      ids: `{${head}}`,
+      tokens: `{${token}}`,
+      queues: "{q}",
+      keys: "{a}",
+      limit: 1,
+      token: "00000000-0000-4000-8000-000000000002",
+      leaseTtlMs: 60_000,
+      workerId: "w",
+    });
+    expect(rows.filter((r) => r.kind === "promoted").map((r) => [r.id, r.taken])).toEqual([[replayed, true]]);
+    // Published from now on, in order: not below anything.
+    await insert("a");
+    expect((await db.pool.query(`SELECT count(*)::int AS n FROM ${m} WHERE below_head`)).rows[0].n).toBe(1);
   });
 });

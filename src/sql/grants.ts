@@ -12,7 +12,7 @@ import { outboxNames, quoteLiteral } from "./names.js";
  *   their payloads, headers or errors).
  * - worker: lease, ack, retry, release, renew and the dead-letter move (messages SELECT/UPDATE/DELETE,
  *   dead_letters SELECT/INSERT/UPDATE: UPDATE for the upsert of a replayed message that dies again), EXECUTE
- *   on ack_keyed/ack_key_heads/promote_heads, schema_migrations SELECT for the version check. No INSERT, no DDL, no TRUNCATE.
+ *   on ack_keyed/ack_key_heads/promote_heads/promote_heads_after, schema_migrations SELECT for the version check. No INSERT, no DDL, no TRUNCATE.
  *   With expire: DELETE on dead_letters, for the service's dead-letter retention (its FOR UPDATE SKIP LOCKED
  *   is covered by the UPDATE the worker already has). With follow-up: INSERT of the producer's columns, for
  *   handlers that publish follow-up messages (inserted by the worker with its ack).
@@ -94,6 +94,7 @@ export const WORKER_FUNCTIONS = [
   "ack_keyed(bigint[], uuid[], integer, uuid, double precision, text, boolean)",
   "ack_key_heads(bigint[], uuid[], text[], text[], integer, uuid, double precision, text, boolean)",
   "promote_heads(text[], text[], integer, uuid, double precision, text)",
+  "promote_heads_after(text[], text[], bigint[], integer, uuid, double precision, text)",
 ] as const;
 
 const cols = (columns: readonly string[]) => columns.join(", ");
