@@ -213,6 +213,41 @@ function profileWindow(command: "enable" | "disable"): void {
   if (fifo) writeFileSync(fifo, `${command}\n`);
 }
 
+/**
+ * With BENCH_INDEX_STATS set, a drain prints (to stderr) each index's scans and entries read once the worker
+ * is gone: the statistics of its sessions are flushed as they exit, so read until two reads agree.
+ */
+async function printIndexStats(schema: string): Promise<void> {
+  if (!process.env.BENCH_INDEX_STATS) return;
+  const client = new pg.Client({ connectionString: DATABASE_URL });
+  await client.connect();
+  try {
+    const read = async () => {
+      const { rows } = await client.query(
+        `SELECT indexrelname AS index, idx_scan::int AS scans, idx_tup_read::int AS read
+         FROM pg_stat_user_indexes WHERE schemaname = $1 ORDER BY 1`,
+        [schema],
+      );
+      return JSON.stringify(rows);
+    };
+    let last = "";
+    await until(
+      async () => {
+        await client.query("SELECT pg_stat_clear_snapshot()");
+        const now = await read();
+        const settled = now === last;
+        last = now;
+        return settled;
+      },
+      10_000,
+      200,
+    );
+    console.error(`index stats ${last}`);
+  } finally {
+    await client.end();
+  }
+}
+
 async function drain(spec: Extract<JobSpec, { kind: "drain" }>): Promise<DrainResult> {
   const schema = `bench_drain_${spec.peer}${spec.keys ? "_keyed" : ""}`;
   const peer = peerFor(spec.peer, schema, true, !!spec.keys);
@@ -253,6 +288,7 @@ async function drain(spec: Extract<JobSpec, { kind: "drain" }>): Promise<DrainRe
   profileWindow("disable");
   const rssMb = Math.max(...rss.stop()) / MB;
   await peer.stopWorker();
+  await printIndexStats(schema);
   await peer.teardown();
   if (handled !== spec.rows && !partial) throw new Error(`${handled} handler calls for ${spec.rows} rows`);
   const lease = queries.timings.get("lease");
