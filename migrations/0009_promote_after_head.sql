@@ -30,12 +30,15 @@ BEGIN
     CROSS JOIN LATERAL (
       SELECT m.id, m.available_at FROM {{schema}}.messages AS m
       WHERE m.queue = k.queue AND m.key = k.key
-        -- Above the deleted head, or from the lowest row marked below_head (one probe, nearly always of an
-        -- empty index): those can sit below the head they waited behind.
-        AND m.id > LEAST(k.after, (
-          SELECT min(b.id) - 1 FROM {{schema}}.messages AS b
-          WHERE b.queue = k.queue AND b.key = k.key AND b.below_head
-        ))
+        -- Above the deleted head, or from the key's lowest row marked below_head: those can sit below the
+        -- head they waited behind. Whether any row is marked at all is one probe per call, of an index
+        -- that is nearly always empty; only then is each key probed.
+        AND m.id > CASE WHEN EXISTS (SELECT 1 FROM {{schema}}.messages AS a WHERE a.below_head)
+                        THEN LEAST(k.after, (
+                          SELECT min(b.id) - 1 FROM {{schema}}.messages AS b
+                          WHERE b.queue = k.queue AND b.key = k.key AND b.below_head
+                        ))
+                        ELSE k.after END
       ORDER BY m.id LIMIT 1
     ) AS n
   ), ranked AS (
