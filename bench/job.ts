@@ -214,8 +214,9 @@ function profileWindow(command: "enable" | "disable"): void {
 }
 
 /**
- * With BENCH_INDEX_STATS set, a drain prints (to stderr) each index's scans and entries read once the worker
- * is gone: the statistics of its sessions are flushed as they exit, so read until two reads agree.
+ * With BENCH_INDEX_STATS set, a drain prints (to stderr) each index's scans and entries read, and the pages
+ * of messages and its indexes it read, once the worker is gone: the statistics of its sessions are flushed
+ * as they exit, so read until two reads agree.
  */
 async function printIndexStats(schema: string): Promise<void> {
   if (!process.env.BENCH_INDEX_STATS) return;
@@ -228,7 +229,13 @@ async function printIndexStats(schema: string): Promise<void> {
          FROM pg_stat_user_indexes WHERE schemaname = $1 ORDER BY 1`,
         [schema],
       );
-      return JSON.stringify(rows);
+      // Shared-buffer page reads of messages and its indexes (hits and misses): the drain's work in pages.
+      const pages = await client.query(
+        `SELECT (heap_blks_hit + heap_blks_read)::int AS heap, (idx_blks_hit + idx_blks_read)::int AS indexes
+         FROM pg_statio_user_tables WHERE schemaname = $1 AND relname = 'messages'`,
+        [schema],
+      );
+      return JSON.stringify({ indexes: rows, pages: pages.rows[0] });
     };
     let last = "";
     await until(
