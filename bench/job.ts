@@ -225,8 +225,10 @@ async function printIndexStats(schema: string): Promise<void> {
   try {
     const read = async () => {
       const { rows } = await client.query(
-        `SELECT indexrelname AS index, idx_scan::int AS scans, idx_tup_read::int AS read
-         FROM pg_stat_user_indexes WHERE schemaname = $1 ORDER BY 1`,
+        `SELECT s.indexrelname AS index, s.idx_scan::int AS scans, s.idx_tup_read::int AS read,
+                (io.idx_blks_hit + io.idx_blks_read)::int AS pages
+         FROM pg_stat_user_indexes AS s JOIN pg_statio_user_indexes AS io USING (indexrelid)
+         WHERE s.schemaname = $1 ORDER BY 1`,
         [schema],
       );
       // Shared-buffer page reads of messages and its indexes (hits and misses): the drain's work in pages.
