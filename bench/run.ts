@@ -1081,7 +1081,8 @@ async function orderingSection() {
   say(
     `As section 3: ${CLIENTS} clients, ${O.producerSeconds} s, \`BEGIN; publish(); COMMIT\` with the default throttled wake-ups; ` +
       `keyed: message n with key \`k<n mod ${fmt(PRODUCER_KEYS)}>\` (the key's advisory lock before the id is drawn, and the key-head ` +
-      "trigger: the same lock again and an index probe for an earlier row of the key).",
+      "trigger: the same lock again, an index probe for a row of the key, and, the key having rows (all but the first " +
+      `${fmt(PRODUCER_KEYS)} publishes here), a second for a row above the new id: \`below_head\`, migration 0007).`,
   );
   say();
   const tx = (mode: string) => (produced.get(mode) ?? []).map((x) => x.txPerSec);

@@ -1,5 +1,5 @@
 /**
- * The per-key ordering upgrade (migrations 0003 and 0004) on a live outbox, at production size: a schema at
+ * The per-key ordering upgrade (migrations 0003 to 0009) on a live outbox, at production size: a schema at
  * version 2 holding 1,000,000 rows (half keyed, over 100,000 keys), 4 producers publishing one message a
  * transaction the whole time, and `migrate` run in the middle. Prints how long the upgrade took (and each
  * of its statements that ran long enough to be seen), the producers' longest and p99 publish+commit while
@@ -154,11 +154,14 @@ try {
   const during = all.filter((c) => c.end >= migrateStart && c.start <= migrateEnd);
   const latencies = during.map((c) => c.end - c.start);
   const before = all.filter((c) => c.end < migrateStart && c.start >= migrateStart - 2_000);
-  const after0003 = phases.find((p) => p.version === 3)?.at ?? migrateEnd;
+  const at = (version: number) => phases.find((p) => p.version === version)?.at ?? migrateEnd;
   const seconds = (migrateEnd - migrateStart) / 1000;
   const committed = during.filter((c) => c.end <= migrateEnd).length;
+  const last = Math.max(...phases.map((p) => p.version));
   console.log(
-    `\nupgrade 2 → 4: ${fmt(seconds, 1)} s (0003 ${fmt(after0003 - migrateStart)} ms, 0004 ${fmt((migrateEnd - after0003) / 1000, 1)} s)`,
+    `\nupgrade 2 → ${last}: ${fmt(seconds, 1)} s (0003 ${fmt(at(3) - migrateStart)} ms, 0004 ${fmt((at(4) - at(3)) / 1000, 1)} s, ` +
+      `0005–0006 ${fmt(at(6) - at(4))} ms, 0007 ${fmt(at(7) - at(6))} ms, 0008 ${fmt((at(8) - at(7)) / 1000, 1)} s, ` +
+      `0009 ${fmt((at(9) - at(8)) / 1000, 1)} s)`,
   );
   for (const s of statements) {
     if (s.last - s.first >= 100) console.log(`  ~${fmt((s.last - s.first) / 1000, 1)} s  ${s.label}`);
@@ -175,11 +178,14 @@ try {
   const check = await pool.query(
     `SELECT count(*) FILTER (WHERE key IS NULL AND NOT head)::int
           + count(*) FILTER (WHERE key IS NOT NULL AND head <> (id = first_id))::int AS wrong,
-            count(*) FILTER (WHERE NOT head)::int AS waiting
-     FROM (SELECT id, key, head, min(id) OVER (PARTITION BY queue, key) AS first_id FROM ${names.messages}) AS m`,
+            count(*) FILTER (WHERE NOT head)::int AS waiting,
+            count(*) FILTER (WHERE below_head)::int AS below
+     FROM (SELECT id, key, head, below_head, min(id) OVER (PARTITION BY queue, key) AS first_id
+           FROM ${names.messages}) AS m`,
   );
   console.log(
-    `after: ${fmt(check.rows[0].waiting)} rows wait behind their key's head, ${check.rows[0].wrong} rows marked wrong`,
+    `after: ${fmt(check.rows[0].waiting)} rows wait behind their key's head, ${check.rows[0].wrong} rows marked wrong, ` +
+      `${check.rows[0].below} marked below their key's head`,
   );
 } finally {
   await pool.query(`DROP SCHEMA IF EXISTS ${names.quotedSchema} CASCADE`).catch(() => {});
