@@ -1,9 +1,10 @@
 -- A design not in the product, measured before building it: a key index without leased rows.
 --
 -- Today every lease of a keyed row writes a new entry into messages_key_idx (the lease is not a HOT
--- update: its columns are in the other indexes' predicates), and the promotion's descent walks the
--- deleted head's dead versions. With `AND acquired_token IS NULL` in the key index's predicate, a leased
--- version is not indexed by key at all: a keyed lease writes the same two index entries as a keyless one.
+-- update: its columns are in the other indexes' predicates). (When this was measured, in session 6, the
+-- promotion's descent also walked the deleted head's dead versions; migration 0009 looks above them.)
+-- With `AND acquired_token IS NULL` in the key index's predicate, a leased version is not indexed by key
+-- at all: a keyed lease writes the same two index entries as a keyless one.
 -- The price: nothing can find a leased head by its key any more, and the producer's trigger must (a key
 -- whose only row is in flight). So a key's presence moves to its own table, key_heads: a row per key that
 -- has rows, inserted by the first publish into an empty key, deleted by the promotion that finds no
@@ -30,19 +31,21 @@ BEGIN
 END
 $$;
 
--- The product's promote_heads (migration 0003, as migrated into this schema), edited rather than copied so
--- that the two cannot drift apart: the successor lookup reads unleased rows only, and the key_heads row of
+-- The product's promote_heads_after (migration 0009, as migrated into this schema), edited rather than
+-- copied so that the two cannot drift apart: the successor lookup reads unleased rows only, and the key_heads row of
 -- a key left without rows is deleted in the same statement. An edit whose text is not found stops here.
 DO $$
 DECLARE
-  fn text := pg_get_functiondef('{{schema}}.promote_heads(text[], text[], integer, uuid, double precision, text)'::regprocedure);
+  fn text := pg_get_functiondef(
+    '{{schema}}.promote_heads_after(text[], text[], bigint[], integer, uuid, double precision, text)'::regprocedure
+  );
   edits text[] := ARRAY[
-    'SELECT n.id, n.available_at <= now() AS due FROM unnest(queues, keys)',
-    'SELECT k.queue, k.key, n.id, n.available_at <= now() AS due FROM unnest(queues, keys)',
+    'SELECT n.id, n.available_at <= now() AS due FROM unnest(queues, keys, afters)',
+    'SELECT k.queue, k.key, n.id, n.available_at <= now() AS due FROM unnest(queues, keys, afters)',
     'CROSS JOIN LATERAL (',
     'LEFT JOIN LATERAL (',
-    'WHERE m.queue = k.queue AND m.key = k.key ORDER BY m.id',
-    'WHERE m.queue = k.queue AND m.key = k.key AND m.key IS NOT NULL AND m.acquired_token IS NULL ORDER BY m.id',
+    'WHERE m.queue = k.queue AND m.key = k.key',
+    'WHERE m.queue = k.queue AND m.key = k.key AND m.key IS NOT NULL AND m.acquired_token IS NULL',
     ') AS n',
     ') AS n ON true',
     '), ranked AS (',
@@ -56,7 +59,7 @@ DECLARE
 BEGIN
   FOR i IN 1 .. array_length(edits, 1) BY 2 LOOP
     IF position(edits[i] IN fn) = 0 THEN
-      RAISE EXCEPTION 'promote_heads no longer holds %: update this prototype', edits[i];
+      RAISE EXCEPTION 'promote_heads_after no longer holds %: update this prototype', edits[i];
     END IF;
     fn := replace(fn, edits[i], edits[i + 1]);
   END LOOP;
