@@ -76,6 +76,15 @@ function gate() {
 
 const pause = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
+/** The session `pid` waits for an advisory lock (a key's). */
+async function waitsOnKeyLock(pid: number): Promise<boolean> {
+  const { rows } = await db.pool.query(
+    "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = $1",
+    [pid],
+  );
+  return rows[0].n > 0;
+}
+
 describe("per-key ordering", () => {
   it("runs 12 messages of one key one at a time, in id order, at concurrency 16", async () => {
     const t = tracker();
@@ -321,16 +330,7 @@ describe("commit order: publish serialises producers of one key", () => {
           bDone = true;
           return id;
         });
-        await until(
-          async () =>
-            (
-              await db.pool.query(
-                "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = $1",
-                [bPid],
-              )
-            ).rows[0].n > 0,
-          "b waiting on the key lock",
-        );
+        await until(() => waitsOnKeyLock(bPid), "b waiting on the key lock");
         // Meanwhile a keyless publish commits and draws an id.
         const [between] = await db.inTransaction((c) =>
           outbox.publishMany(c, "serial", [{ payload: { n: "keyless" } }]),
@@ -374,16 +374,7 @@ describe("commit order: publish serialises producers of one key", () => {
           )
           .then((r) => r.rows[0]?.id as string);
       const earlyInsert = insert(early, 1);
-      await until(
-        async () =>
-          (
-            await db.pool.query(
-              "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = $1",
-              [earlyPid],
-            )
-          ).rows[0].n > 0,
-        "early waiting on the key lock, its id drawn",
-      );
+      await until(() => waitsOnKeyLock(earlyPid), "early waiting on the key lock, its id drawn");
       const lateId = await insert(late, 2);
       await late.query("COMMIT");
       const earlyId = await earlyInsert;
