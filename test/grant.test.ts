@@ -1,12 +1,10 @@
 import { randomBytes, randomUUID } from "node:crypto";
-import { copyFile, readdir } from "node:fs/promises";
 import path from "node:path";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { followUp } from "../src/contract/follow-up.js";
 import { PermanentError, TransientError } from "../src/contract/handler-errors.js";
 import { tableHealth } from "../src/inspect/table-health.js";
-import { MIGRATIONS_DIR } from "../src/migrate/migration-files.js";
 import { migrate } from "../src/migrate/migrator.js";
 import { constant } from "../src/retry/strategies.js";
 import { checkSchema, warnIfNotVacuumed } from "../src/service/startup.js";
@@ -24,7 +22,7 @@ import { repairKeyHeadsStatement } from "../src/sql/key-heads.js";
 import { runCli } from "./helpers/cli-in-process.js";
 import { serviceEnv, startCli } from "./helpers/cli-process.js";
 import { testDatabase } from "./helpers/database.js";
-import { testTempDir } from "./helpers/temp-dir.js";
+import { shippedMigrationsUpTo } from "./helpers/migrations.js";
 import { nextEvent, publisherFor, until, workerFactory } from "./helpers/worker.js";
 
 /**
@@ -243,16 +241,16 @@ describe("upgrading a schema whose rights were granted", () => {
     }
   });
 
-  /** A schema at the migrations of `files`, dropped after `body`. */
-  async function olderSchema(files: RegExp, body: (upgraded: string) => Promise<void>): Promise<void> {
+  /** A schema at the shipped migrations up to `version`, dropped after `body`. */
+  async function olderSchema(version: number, body: (upgraded: string) => Promise<void>): Promise<void> {
     const upgraded = `${schema}_up`;
     await db.pool.query(`DROP SCHEMA IF EXISTS "${upgraded}" CASCADE`);
-    const dir = await testTempDir("outbox-grant-migrations-");
-    for (const file of (await readdir(MIGRATIONS_DIR)).filter((f) => files.test(f))) {
-      await copyFile(path.join(MIGRATIONS_DIR, file), path.join(dir, file));
-    }
     try {
-      await migrate({ connection: db.pool, schema: upgraded, migrationsDir: dir });
+      await migrate({
+        connection: db.pool,
+        schema: upgraded,
+        migrationsDir: await shippedMigrationsUpTo(version),
+      });
       await body(upgraded);
     } finally {
       await db.pool.query(`DROP SCHEMA IF EXISTS "${upgraded}" CASCADE`);
@@ -279,7 +277,7 @@ describe("upgrading a schema whose rights were granted", () => {
   }
 
   it("gives ack_key_heads (migration 0006) to whoever may call ack_keyed, and not to PUBLIC", async () => {
-    await olderSchema(/^000[1-5]_\w+\.sql$/, async (upgraded) => {
+    await olderSchema(5, async (upgraded) => {
       // This version's grant on the older schema: refused before any change, naming the fix.
       const owner = { PATH: process.env.PATH, DATABASE_URL: db.url };
       const early = await runCli(["grant", "--schema", upgraded, "--worker", role.worker], owner);
@@ -306,7 +304,7 @@ describe("upgrading a schema whose rights were granted", () => {
   });
 
   it("gives promote_heads_after (migration 0009) to whoever may call promote_heads, and not to PUBLIC", async () => {
-    await olderSchema(/^000[1-8]_\w+\.sql$/, async (upgraded) => {
+    await olderSchema(8, async (upgraded) => {
       // What `grant` of the release before 0009 did to the functions.
       await db.pool.query(
         `REVOKE ALL ON ALL FUNCTIONS IN SCHEMA "${upgraded}" FROM PUBLIC;

@@ -1,12 +1,9 @@
-import { copyFile, readdir } from "node:fs/promises";
-import path from "node:path";
 import pg from "pg";
 import { describe, expect, it } from "vitest";
-import { MIGRATIONS_DIR } from "../src/migrate/migration-files.js";
 import { migrate } from "../src/migrate/migrator.js";
 import { createPublisher } from "../src/produce/publisher.js";
 import { testDatabase } from "./helpers/database.js";
-import { testTempDir } from "./helpers/temp-dir.js";
+import { shippedMigrationsUpTo } from "./helpers/migrations.js";
 import { until } from "./helpers/worker.js";
 
 /**
@@ -40,11 +37,11 @@ interface Commit {
 
 /** Version 2: the shipped 0001 and 0002, byte for byte, so the full `migrate` later sees them as applied. */
 async function schemaAtVersionTwo(schema: string = db.schema): Promise<void> {
-  const dir = await testTempDir("outbox-migrations-");
-  for (const file of (await readdir(MIGRATIONS_DIR)).filter((f) => /^000[12]_\w+\.sql$/.test(f))) {
-    await copyFile(path.join(MIGRATIONS_DIR, file), path.join(dir, file));
-  }
-  const result = await migrate({ connection: db.pool, schema, migrationsDir: dir });
+  const result = await migrate({
+    connection: db.pool,
+    schema,
+    migrationsDir: await shippedMigrationsUpTo(2),
+  });
   expect(result.applied.map((m) => m.version)).toEqual([1, 2]);
 }
 

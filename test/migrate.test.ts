@@ -1,15 +1,15 @@
 import { execFileSync } from "node:child_process";
-import { copyFile, readdir, readFile, writeFile } from "node:fs/promises";
+import { readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
 import pg from "pg";
 import { beforeAll, describe, expect, it } from "vitest";
 import { MigrationError, OutboxConfigError } from "../src/contract/errors.js";
-import { MIGRATIONS_DIR } from "../src/migrate/migration-files.js";
 import { migrate, migrationState, printMigrations } from "../src/migrate/migrator.js";
 import { completeStatements } from "../src/sql/complete.js";
 import { runQuery } from "../src/sql/executor.js";
 import { outboxNames } from "../src/sql/names.js";
 import { testDatabase } from "./helpers/database.js";
+import { shippedMigrationsUpTo } from "./helpers/migrations.js";
 import { testTempDir } from "./helpers/temp-dir.js";
 
 const db = testDatabase("mig");
@@ -279,11 +279,7 @@ describe("migrate", () => {
 describe("0007–0009: the promotion looks above the deleted head", () => {
   it("marks the rows already below a head of their key, so that head's ack still promotes them first", async () => {
     const schema = db.freshSchema("below");
-    const dir = await testTempDir("outbox-migrations-");
-    for (const file of (await readdir(MIGRATIONS_DIR)).filter((f) => /^000[1-6]_\w+\.sql$/.test(f))) {
-      await copyFile(path.join(MIGRATIONS_DIR, file), path.join(dir, file));
-    }
-    await migrate({ connection: db.pool, schema, migrationsDir: dir });
+    await migrate({ connection: db.pool, schema, migrationsDir: await shippedMigrationsUpTo(6) });
     const names = outboxNames(schema);
     const m = names.messages;
     const insert = async (key: string | null, id?: number) =>
