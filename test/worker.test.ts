@@ -245,6 +245,51 @@ describe("outcomes", () => {
     expect(await count("dead_letters")).toBe(0);
   });
 
+  it("a transient outage longer than maxDeliveries tries is retried until delivered, never dead-lettered", async () => {
+    const ids = await publishRows("long-outage", 5);
+    const calls = new Map<string, number>();
+    const worker = await workers.start({
+      maxDeliveries: 3,
+      retry: constant(20),
+      queues: {
+        "long-outage": (_p, m) => {
+          const n = (calls.get(m.id) ?? 0) + 1;
+          calls.set(m.id, n);
+          if (n <= 8) throw new TransientError(`destination down (${n})`);
+        },
+      },
+    });
+    const dead: unknown[] = [];
+    worker.on("dead_lettered", (e) => dead.push(e));
+    await until(async () => (await count("messages")) === 0 || dead.length > 0, "all delivered", 30_000);
+    expect(dead).toEqual([]);
+    expect(await count("dead_letters")).toBe(0);
+    expect(ids.map((id) => calls.get(id))).toEqual([9, 9, 9, 9, 9]);
+  });
+
+  it("a row whose deliveries end without an outcome is still dead-lettered after maxDeliveries", async () => {
+    await publishRows("crash-loop", 2);
+    // Row 1: three recorded attempts and two deliveries that ended with nothing written (crashes): the next
+    // lease is its third unrecorded delivery, over maxDeliveries 2. Row 2: the same recorded attempts and
+    // one crash: it runs.
+    await db.pool.query(
+      `UPDATE ${db.names.messages} SET attempts_count = 3, deliveries_count = CASE WHEN id = (SELECT min(id) FROM ${db.names.messages}) THEN 5 ELSE 4 END`,
+    );
+    const ran: string[] = [];
+    const worker = await workers.start({
+      maxDeliveries: 2,
+      queues: { "crash-loop": (_p, m) => void ran.push(m.id) },
+    });
+    const dead = await nextEvent<{ reason: string; id: string }>(worker, "dead_lettered");
+    expect(dead.reason).toBe("max_deliveries");
+    await until(async () => (await count("messages")) === 0, "the other row acked");
+    const dl = await db.pool.query(`SELECT id::text, error FROM ${db.names.deadLetters}`);
+    expect(dl.rows).toHaveLength(1);
+    expect(ran).toHaveLength(1);
+    expect(ran[0]).not.toBe(dl.rows[0].id);
+    expect(dl.rows[0].error).toMatch(/without an outcome/);
+  });
+
   it("a row leased more than maxDeliveries times is dead-lettered before its handler runs", async () => {
     await publishRows("crashy", 1);
     await db.pool.query(`UPDATE ${db.names.messages} SET deliveries_count = 5`);

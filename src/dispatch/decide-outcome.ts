@@ -31,17 +31,31 @@ function refused(reason: string, error: string | null): { dead: DeadDecision } {
 }
 
 /**
+ * Deliveries of a row that ended with no outcome written, counting the one starting now: every lease bumps
+ * `deliveries_count`, every recorded attempt bumps `attempts_count`.
+ */
+export function unrecordedDeliveries(row: Pick<DecisionRow, "deliveries_count" | "attempts_count">): number {
+  return row.deliveries_count - row.attempts_count;
+}
+
+/**
  * Before the handler: refuse a crash loop (max deliveries), then parse and validate the stored payload.
  * Raw queues (relays) get the stored text as it is: no parse, so no digit of a big number is lost.
  */
 export function prepareDelivery(
   queue: Pick<ResolvedQueue, "rawPayload" | "schema">,
-  row: Pick<DecisionRow, "payload" | "deliveries_count">,
+  row: Pick<DecisionRow, "payload" | "deliveries_count" | "attempts_count">,
   limits: { maxDeliveries: number; maxErrorLength: number },
 ): { dead: DeadDecision } | { payload: unknown } {
-  // A row leased this often keeps killing its worker (or timing out): stop before it runs again.
-  if (row.deliveries_count > limits.maxDeliveries) {
-    return refused("max_deliveries", `leased ${row.deliveries_count} times (max ${limits.maxDeliveries})`);
+  // The crash-loop guard: a row whose deliveries keep ending without a recorded outcome (its worker died,
+  // lost the lease, or stopped past its timeout) must not run again. Every recorded attempt (a retry,
+  // transient or not) is subtracted, so an outage of any length is retried and never lands here.
+  const unrecorded = unrecordedDeliveries(row);
+  if (unrecorded > limits.maxDeliveries) {
+    return refused(
+      "max_deliveries",
+      `leased ${row.deliveries_count} times, ${unrecorded - 1} of them ended without an outcome (max ${limits.maxDeliveries})`,
+    );
   }
   if (queue.rawPayload) return { payload: row.payload };
   let payload: unknown;
