@@ -43,11 +43,13 @@ const role = {
   chainer: `grt_chainer_${tag}`,
 };
 const ROLES = Object.values(role);
+// The embedded test server asks every login for a password (scram); a trust-auth server ignores it.
+const ROLE_PASSWORD = randomBytes(12).toString("hex");
 
 function urlAs(name: string): string {
   const url = new URL(db.url);
   url.username = name;
-  url.password = "";
+  url.password = ROLE_PASSWORD;
   return url.toString();
 }
 
@@ -86,7 +88,7 @@ let expirer: pg.Pool;
 
 beforeAll(async () => {
   await db.migrate();
-  for (const name of ROLES) await db.pool.query(`CREATE ROLE "${name}" LOGIN`);
+  for (const name of ROLES) await db.pool.query(`CREATE ROLE "${name}" LOGIN PASSWORD '${ROLE_PASSWORD}'`);
   const owner = { PATH: process.env.PATH, DATABASE_URL: db.url };
   const first = await runCli(
     [
