@@ -15,14 +15,25 @@ export class OutboxConfigError extends OutboxError {
   }
 }
 
-/** A payload refused at publish time; nothing was written. */
+/**
+ * A message refused at publish time (by `publish`, `publishMany` or a follow-up), before any statement was
+ * sent: nothing was written, and the caller's transaction is still usable.
+ */
 export class OutboxPayloadError extends OutboxError {
   override name = "OutboxPayloadError";
+  /** The refused field: `payload.items[2].name`, `key`, `headers["x-a"]`, `delayMs`… */
+  readonly field: string | undefined;
+  /** The refused item's index in a `publishMany` batch. */
+  readonly index: number | undefined;
   constructor(
     readonly queue: string,
     readonly reason: string,
+    where: { field?: string; index?: number } = {},
   ) {
-    super(`cannot publish to queue "${queue}": ${reason}`);
+    const item = where.index === undefined ? "" : `item ${where.index}: `;
+    super(`cannot publish to queue "${queue}": ${item}${reason}`);
+    this.field = where.field;
+    this.index = where.index;
   }
 }
 

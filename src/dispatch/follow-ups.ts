@@ -8,7 +8,7 @@
 import type { FollowUp, PreparedFollowUp } from "../contract/follow-up.js";
 import type { HandlerResult } from "../contract/handler.js";
 import { DEFAULT_MAX_PAYLOAD_BYTES } from "../contract/payload.js";
-import { prepareMessage } from "../contract/prepare.js";
+import { prepareMessage } from "../contract/prepare-message.js";
 import type { PublishOptions } from "../contract/publish-options.js";
 import type { QueueDefinition } from "../contract/queue.js";
 

@@ -1,14 +1,14 @@
 import { z } from "zod";
 import { OutboxConfigError } from "../contract/errors.js";
-import { DEFAULT_MAX_PAYLOAD_BYTES, encodePayload } from "../contract/payload.js";
-import { checkPublishOptions, resolveQueue } from "../contract/prepare.js";
+import { DEFAULT_MAX_PAYLOAD_BYTES } from "../contract/payload.js";
+import { prepareBatch, prepareMessage, resolveQueue } from "../contract/prepare-message.js";
 import type { PublishOptions } from "../contract/publish-options.js";
 import type { QueueDefinition } from "../contract/queue.js";
 import { type Executor, isExecutor, run } from "../sql/executor.js";
 import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
 import { type InsertedRow, produceStatements } from "../sql/produce.js";
 import { NotifyThrottle } from "../util/notify-throttle.js";
-import { loadTracing, tracingLoaded, withTraceContext } from "../util/tracing.js";
+import { loadTracing, tracingLoaded } from "../util/tracing.js";
 
 export type { PublishOptions };
 
@@ -101,21 +101,19 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
     schema: names.schema,
 
     async publish(trx, queueRef, payload, opts) {
-      const queue = resolveQueue(queueRef);
-      const o = checkPublishOptions(queue.name, opts);
-      const json = encodePayload(queue as QueueDefinition, payload, config.maxPayloadBytes);
       // Once per process: the optional OpenTelemetry API, imported on first use.
       if (!tracingLoaded()) await loadTracing();
+      // Every refusal is thrown here, before a statement could fail and abort the caller's transaction.
+      const m = prepareMessage(queueRef, payload, opts, config.maxPayloadBytes);
       const values: unknown[] = [
-        queue.name,
-        json,
-        // After validation: the propagator only adds string headers, and a caller's traceparent wins.
-        JSON.stringify(withTraceContext(o.headers) ?? {}),
-        o.key ?? null,
-        o.availableAt ?? null,
-        o.delayMs ?? 0,
+        m.queue,
+        m.payloadText,
+        JSON.stringify(m.headers),
+        m.key,
+        m.availableAt,
+        m.delayMs ?? 0,
       ];
-      const wake = throttle?.claim(queue.name) ?? false;
+      const wake = throttle?.claim(m.queue) ?? false;
       const rows = wake
         ? await run<InsertedRow>(trx, sql.insertOneNotify, [...values, names.channel], statementOptions)
         : await run<InsertedRow>(trx, sql.insertOne, values, statementOptions);
@@ -125,25 +123,19 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
     },
 
     async publishMany(trx, queueRef, items) {
-      const queue = resolveQueue(queueRef);
+      const queue = resolveQueue(queueRef).name;
       if (items.length === 0) return [];
       if (!tracingLoaded()) await loadTracing();
-      const encoded = items.map((item) => {
-        const { payload: _payload, ...itemOptions } = item;
-        const o = checkPublishOptions(queue.name, itemOptions);
-        const payloadJson = encodePayload(queue as QueueDefinition, item.payload, config.maxPayloadBytes);
-        return `{"payload":${payloadJson},"headers":${JSON.stringify(withTraceContext(o.headers) ?? {})},"key":${JSON.stringify(o.key ?? null)},"available_at":${JSON.stringify(o.availableAt?.toISOString() ?? null)},"delay_ms":${o.delayMs ?? 0}}`;
-      });
+      const prepared = prepareBatch(queueRef, items, config.maxPayloadBytes);
+      const encoded = prepared.map(
+        (m) =>
+          `{"payload":${m.payloadText},"headers":${JSON.stringify(m.headers)},"key":${JSON.stringify(m.key)},"available_at":${JSON.stringify(m.availableAt?.toISOString() ?? null)},"delay_ms":${m.delayMs ?? 0}}`,
+      );
       const batch = `[${encoded.join(",")}]`;
-      const wake = throttle?.claim(queue.name) ?? false;
+      const wake = throttle?.claim(queue) ?? false;
       const rows = wake
-        ? await run<InsertedRow>(
-            trx,
-            sql.insertManyNotify,
-            [queue.name, batch, names.channel],
-            statementOptions,
-          )
-        : await run<InsertedRow>(trx, sql.insertMany, [queue.name, batch], statementOptions);
+        ? await run<InsertedRow>(trx, sql.insertManyNotify, [queue, batch, names.channel], statementOptions)
+        : await run<InsertedRow>(trx, sql.insertMany, [queue, batch], statementOptions);
       if (rows.length !== items.length)
         throw new Error(`outbox insert returned ${rows.length} ids for ${items.length} rows`);
       return rows.map((r) => String(r.id));

@@ -1,0 +1,140 @@
+import { z } from "zod";
+import { withTraceContext } from "../util/tracing.js";
+import { OutboxPayloadError } from "./errors.js";
+import { fieldPath } from "./field-path.js";
+import type { PreparedFollowUp } from "./follow-up.js";
+import { headerNameProblem, headerValueProblem } from "./header-rules.js";
+import { encodePayload } from "./payload.js";
+import type { PublishOptions } from "./publish-options.js";
+import { type QueueDefinition, validateQueueName } from "./queue.js";
+import { textProblem } from "./storable-text.js";
+
+/**
+ * The one preparation of a message, for `publish`, `publishMany` and follow-ups alike: every check that
+ * Postgres or a relay's transport would otherwise fail later runs here, before any statement is sent, so
+ * a refusal never aborts the caller's transaction (or a batch of acks) and names the field.
+ */
+
+const publishOptionsSchema = z
+  .strictObject({
+    key: z.string().min(1).max(1024).optional(),
+    delayMs: z.number().finite().min(0).optional(),
+    availableAt: z
+      .date()
+      .refine((d) => !Number.isNaN(d.getTime()), "must be a valid Date")
+      .optional(),
+    headers: z.record(z.string(), z.string()).optional(),
+  })
+  .refine((o) => o.delayMs === undefined || o.availableAt === undefined, {
+    message: "give delayMs or availableAt, not both",
+    path: ["availableAt"],
+  });
+
+type CheckedOptions = z.output<typeof publishOptionsSchema>;
+
+/**
+ * The times a message may name: from the year 1 to the year 9999. Postgres takes more, but beyond it
+ * toISOString writes a six-digit year (±YYYYYY) that Postgres refuses, and nothing is scheduled that far.
+ */
+const EARLIEST_MS = Date.parse("0001-01-01T00:00:00Z");
+const END_MS = Date.parse("+010000-01-01T00:00:00Z");
+
+/** One message validated and encoded, ready to insert. */
+export type PreparedMessage = PreparedFollowUp;
+
+/** A queue given by name or by definition, as a definition, its name validated either way. */
+export function resolveQueue<I, O>(queue: QueueDefinition<I, O> | string): QueueDefinition<I, O> {
+  if (typeof queue === "string") return { name: validateQueueName(queue), schema: undefined };
+  // defineQueue checked it, but a hand-built definition reaches here unchecked.
+  validateQueueName(queue.name);
+  return queue;
+}
+
+/**
+ * Validate and encode one message: queue name, options (key, delay or time, headers), payload (schema,
+ * what jsonb cannot store, non-finite numbers, size). Throws OutboxConfigError for the queue name and
+ * OutboxPayloadError for the rest, naming the field. The trace context is injected only if tracing was
+ * already loaded: this is synchronous (the publisher and the worker load it first).
+ */
+export function prepareMessage<I, O>(
+  queueRef: QueueDefinition<I, O> | string,
+  payload: I,
+  opts: PublishOptions | undefined,
+  maxPayloadBytes: number,
+): PreparedMessage {
+  return prepareFor(resolveQueue(queueRef), payload, opts, maxPayloadBytes);
+}
+
+/** {@link prepareMessage} for each item of a batch of one queue; a refusal names the item's index. */
+export function prepareBatch<I, O>(
+  queueRef: QueueDefinition<I, O> | string,
+  items: readonly ({ payload: I } & PublishOptions)[],
+  maxPayloadBytes: number,
+): PreparedMessage[] {
+  const queue = resolveQueue(queueRef);
+  return items.map((item, index) => {
+    const { payload, ...options } = item;
+    try {
+      return prepareFor(queue, payload, options, maxPayloadBytes);
+    } catch (error) {
+      if (!(error instanceof OutboxPayloadError)) throw error;
+      throw new OutboxPayloadError(error.queue, error.reason, { field: error.field, index });
+    }
+  });
+}
+
+function prepareFor<I, O>(
+  queue: QueueDefinition<I, O>,
+  payload: I,
+  opts: PublishOptions | undefined,
+  maxPayloadBytes: number,
+): PreparedMessage {
+  const o = checkOptions(queue.name, opts);
+  const payloadText = encodePayload(queue as QueueDefinition, payload, maxPayloadBytes);
+  // After the caller's own: a propagator's headers are checked like theirs.
+  const headers = withTraceContext(o.headers) ?? {};
+  checkHeaders(queue.name, headers);
+  return {
+    queue: queue.name,
+    payloadText,
+    key: o.key ?? null,
+    headers,
+    delayMs: o.delayMs ?? null,
+    availableAt: o.availableAt ?? null,
+  };
+}
+
+function refuse(queue: string, field: string, problem: string): never {
+  throw new OutboxPayloadError(queue, `${field}: ${problem}`, { field });
+}
+
+function checkOptions(queue: string, opts: PublishOptions | undefined): CheckedOptions {
+  const result = publishOptionsSchema.safeParse(opts ?? {});
+  if (!result.success) {
+    const issues = result.error.issues;
+    const described = issues.map((i) => `${fieldPath("", i.path) || "(options)"}: ${i.message}`);
+    throw new OutboxPayloadError(queue, `invalid options: ${described.join("; ")}`, {
+      field: fieldPath("", issues[0]?.path ?? []) || "options",
+    });
+  }
+  const o = result.data;
+  if (o.key !== undefined) {
+    const problem = textProblem(o.key);
+    if (problem) refuse(queue, "key", problem);
+  }
+  if (o.delayMs !== undefined && Date.now() + o.delayMs >= END_MS)
+    refuse(queue, "delayMs", `${o.delayMs} ms from now is past the year 9999`);
+  if (o.availableAt !== undefined) {
+    const at = o.availableAt.getTime();
+    if (at < EARLIEST_MS || at >= END_MS)
+      refuse(queue, "availableAt", "must fall between the years 1 and 9999");
+  }
+  return o;
+}
+
+function checkHeaders(queue: string, headers: Record<string, string>): void {
+  for (const [name, value] of Object.entries(headers)) {
+    const problem = headerNameProblem(name) ?? headerValueProblem(value);
+    if (problem) refuse(queue, fieldPath("headers", [name]), problem);
+  }
+}
