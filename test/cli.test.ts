@@ -36,9 +36,9 @@ describe("outbox-worker CLI", () => {
     const { url, secret } = withSecret(db.url);
     const first = await cli(["migrate", "--schema", schema], { DATABASE_URL: url });
     expect(first.code).toBe(0);
-    expect(first.stdout).toContain(`schema "${schema}" migrated to version 9`);
+    expect(first.stdout).toContain(`schema "${schema}" migrated to version 11`);
     const second = await cli(["migrate", "--schema", schema, "--database-url", url]);
-    expect(second.stdout).toContain(`schema "${schema}" is up to date (version 9)`);
+    expect(second.stdout).toContain(`schema "${schema}" is up to date (version 11)`);
     for (const out of [first, second]) expect(out.stdout + out.stderr).not.toContain(secret);
   });
 

@@ -285,7 +285,7 @@ describe("upgrading a schema whose rights were granted", () => {
       const early = await runCli(["grant", "--schema", upgraded, "--worker", role.worker], owner);
       expect(early.code).toBe(1);
       expect(early.stderr).toContain(
-        `schema "${upgraded}" is older than this version (migrations 6, 7, 8, 9 pending): run \`outbox-worker migrate --schema ${upgraded}\` first`,
+        `schema "${upgraded}" is older than this version (migrations 6, 7, 8, 9, 10, 11 pending): run \`outbox-worker migrate --schema ${upgraded}\` first`,
       );
       const rights = await db.pool.query<{ n: number }>(
         `SELECT count(*)::int AS n FROM information_schema.role_table_grants WHERE grantee = $1 AND table_schema = $2`,

@@ -44,6 +44,8 @@ describe("migrate", () => {
       { version: 7, name: "0007_below_head" },
       { version: 8, name: "0008_below_head_index" },
       { version: 9, name: "0009_promote_after_head" },
+      { version: 10, name: "0010_finite_rows" },
+      { version: 11, name: "0011_finite_rows_validate" },
     ]);
     const idx = await db.pool.query("SELECT indexname FROM pg_indexes WHERE schemaname = $1 ORDER BY 1", [
       db.schema,
@@ -68,7 +70,7 @@ describe("migrate", () => {
   it("is a no-op the second time", async () => {
     const again = await db.migrate();
     expect(again.applied).toEqual([]);
-    expect(again.version).toBe(9);
+    expect(again.version).toBe(11);
     expect((await migrationState({ connection: db.pool, schema: db.schema })).current).toBe(true);
   });
 
@@ -296,7 +298,7 @@ describe("0007–0009: the promotion looks above the deleted head", () => {
     await db.pool.query(`DELETE FROM ${m} WHERE id = $1`, [keyless]);
     const replayed = await insert("a", Number(keyless));
     const result = await migrate({ connection: db.pool, schema });
-    expect(result.applied.map((v) => v.version)).toEqual([7, 8, 9]);
+    expect(result.applied.map((v) => v.version)).toEqual([7, 8, 9, 10, 11]);
     const marks = await db.pool.query(`SELECT id::text, head, below_head FROM ${m} ORDER BY id`);
     expect(marks.rows).toEqual([
       { id: replayed, head: false, below_head: true },
@@ -325,5 +327,48 @@ describe("0007–0009: the promotion looks above the deleted head", () => {
     // Published from now on, in order: not below anything.
     await insert("a");
     expect((await db.pool.query(`SELECT count(*)::int AS n FROM ${m} WHERE below_head`)).rows[0].n).toBe(1);
+  });
+});
+
+describe("0010–0011: every stored time is finite", () => {
+  it("gives rows of an older schema a finite time in place of an infinite one, says so, and validates the CHECKs", async () => {
+    const schema = db.freshSchema("finite");
+    await migrate({ connection: db.pool, schema, migrationsDir: await shippedMigrationsUpTo(9) });
+    const names = outboxNames(schema);
+    await db.pool.query(
+      `INSERT INTO ${names.messages} (queue, payload, created_at, available_at, first_attempt_at, last_error)
+       VALUES ('q', '{}', '-infinity', 'infinity', '-infinity', 'boom'), ('q', '{}', now(), now(), NULL, NULL)`,
+    );
+    await db.pool.query(
+      `INSERT INTO ${names.deadLetters} (id, queue, payload, headers, created_at, available_at, deliveries_count,
+         attempts_count, dead_at, reason) VALUES (1, 'q', '{}', '{}', 'infinity', now(), 1, 1, '-infinity', 'rejected')`,
+    );
+    const result = await migrate({ connection: db.pool, schema });
+    expect(result.applied.map((v) => v.version)).toEqual([10, 11]);
+    const rows = await db.pool.query(
+      `SELECT isfinite(created_at) AND isfinite(available_at) AS finite, first_attempt_at, last_error
+       FROM ${names.messages} ORDER BY id`,
+    );
+    expect(rows.rows).toEqual([
+      {
+        finite: true,
+        first_attempt_at: null,
+        last_error: "an infinite timestamp was replaced by migration 0011 | boom",
+      },
+      { finite: true, first_attempt_at: null, last_error: null },
+    ]);
+    const dead = await db.pool.query(
+      `SELECT isfinite(created_at) AND isfinite(dead_at) AS finite FROM ${names.deadLetters}`,
+    );
+    expect(dead.rows).toEqual([{ finite: true }]);
+    const constraints = await db.pool.query(
+      `SELECT conname, convalidated FROM pg_constraint
+       WHERE conrelid IN ($1::regclass, $2::regclass) AND conname LIKE '%finite%' ORDER BY 1`,
+      [names.messages, names.deadLetters],
+    );
+    expect(constraints.rows).toEqual([
+      { conname: "dead_letters_finite_times", convalidated: true },
+      { conname: "messages_finite_times", convalidated: true },
+    ]);
   });
 });

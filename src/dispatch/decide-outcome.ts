@@ -18,6 +18,7 @@ export type RetryDecisionOutcome = Omit<OutcomeOf<"retry">, "held">;
 /** The row columns the decisions read (a leased row has them all). */
 export interface DecisionRow {
   payload: string;
+  headers: Record<string, string>;
   deliveries_count: number;
   attempts_count: number;
   failures_count: number;
@@ -38,13 +39,19 @@ export function unrecordedDeliveries(row: Pick<DecisionRow, "deliveries_count" |
   return row.deliveries_count - row.attempts_count;
 }
 
+/** The first header whose value is not a string, if any. */
+function nonStringHeader(headers: Record<string, unknown>): string | undefined {
+  for (const name in headers) if (typeof headers[name] !== "string") return name;
+  return undefined;
+}
+
 /**
  * Before the handler: refuse a crash loop (max deliveries), then parse and validate the stored payload.
  * Raw queues (relays) get the stored text as it is: no parse, so no digit of a big number is lost.
  */
 export function prepareDelivery(
   queue: Pick<ResolvedQueue, "rawPayload" | "schema">,
-  row: Pick<DecisionRow, "payload" | "deliveries_count" | "attempts_count">,
+  row: Pick<DecisionRow, "payload" | "deliveries_count" | "attempts_count" | "headers">,
   limits: { maxDeliveries: number; maxErrorLength: number },
 ): { dead: DeadDecision } | { payload: unknown } {
   // The crash-loop guard: a row whose deliveries keep ending without a recorded outcome (its worker died,
@@ -55,6 +62,15 @@ export function prepareDelivery(
     return refused(
       "max_deliveries",
       `leased ${row.deliveries_count} times, ${unrecorded - 1} of them ended without an outcome (max ${limits.maxDeliveries})`,
+    );
+  }
+  // A CHECK keeps headers an object, not its values strings: a plain-SQL producer can store any JSON there,
+  // which every consumer of `message.headers` (relays, tracing) would trip over.
+  const badHeader = nonStringHeader(row.headers);
+  if (badHeader !== undefined) {
+    return refused(
+      "invalid_headers",
+      `header ${JSON.stringify(badHeader.slice(0, 200))} is not a string (headers are a map of strings)`,
     );
   }
   if (queue.rawPayload) return { payload: row.payload };

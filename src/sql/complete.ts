@@ -205,7 +205,7 @@ FROM gone AS g`;
     (id, queue, payload, headers, key, created_at, available_at, acquired_by, deliveries_count, attempts_count,
      failures_count, first_attempt_at, last_attempt_at, dead_at, reason, error)
   SELECT id, queue, payload, headers, key, created_at, available_at, acquired_by, deliveries_count,
-         attempts_count + attempted, failures_count + failed,
+         LEAST(attempts_count, 2147483646) + attempted, LEAST(failures_count, 2147483646) + failed,
          CASE WHEN attempted > 0 THEN COALESCE(first_attempt_at, now()) ELSE first_attempt_at END,
          CASE WHEN attempted > 0 THEN now() ELSE last_attempt_at END,
          now(), reason, left(COALESCE(error, last_error), $7)
@@ -344,8 +344,9 @@ FROM gone`,
       `${withSettings(settings, false)}UPDATE ${m} AS t
 SET acquired_token = NULL, acquired_at = NULL, lease_expires_at = NULL, acquired_by = NULL,
     available_at = now() + d.delay_ms * interval '1 millisecond',
-    attempts_count = t.attempts_count + 1,
-    failures_count = t.failures_count + d.failed,
+    -- Saturated: a counter at its limit must not fail the batch's other rows.
+    attempts_count = LEAST(t.attempts_count, 2147483646) + 1,
+    failures_count = LEAST(t.failures_count, 2147483646) + d.failed,
     first_attempt_at = COALESCE(t.first_attempt_at, now()),
     last_attempt_at = now(),
     last_error = left(d.error, $6)

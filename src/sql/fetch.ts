@@ -88,7 +88,8 @@ SET acquired_token = $3::uuid,
     acquired_at = now(),
     lease_expires_at = now() + $4::double precision * interval '1 millisecond',
     acquired_by = $5,
-    deliveries_count = t.deliveries_count + 1${cte === "" ? "" : "\nFROM settings"}
+    -- Saturated: a count at its limit must not fail the lease of every other row (it is dead-lettered).
+    deliveries_count = LEAST(t.deliveries_count, 2147483646) + 1${cte === "" ? "" : "\nFROM settings"}
 WHERE t.id = ANY (ARRAY(SELECT id FROM picked))
 RETURNING ${LEASED_COLUMNS}`,
     (p) => [p.queues, p.limit, p.token, p.leaseTtlMs, p.workerId, p.unorderedQueues ?? []],

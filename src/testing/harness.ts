@@ -92,6 +92,7 @@ function runOnce(
   const earlier = attempts === 0 ? null : createdAt;
   const row: DecisionRow = {
     payload: message.rawPayload ?? stored(payload),
+    headers: message.headers ?? {},
     deliveries_count: message.deliveries ?? attempts + 1,
     attempts_count: attempts,
     failures_count: message.failures ?? attempts,
@@ -111,7 +112,7 @@ function runOnce(
       id: message.id ?? "1",
       queue: queue.name,
       key: message.key ?? null,
-      headers: message.headers ?? {},
+      headers: row.headers,
       deliveries: row.deliveries_count,
       attempts,
       createdAt,

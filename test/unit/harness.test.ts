@@ -275,7 +275,7 @@ describe("dead", () => {
     expect(await run({}, { deliveries: 4 })).toMatchObject({
       kind: "dead",
       reason: "max_deliveries",
-      error: "leased 4 times (max 3)",
+      error: "leased 4 times, 3 of them ended without an outcome (max 3)",
       attempts: 0,
     });
     expect(await run({}, { deliveries: 3 })).toMatchObject({ kind: "acked" });
