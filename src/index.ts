@@ -35,7 +35,7 @@ export { createPublisher, publish, publishMany } from "./produce/publisher.js";
 export { defineQueue } from "./produce/queue.js";
 export type { RelayConfig } from "./relay/config.js";
 export { createRelay } from "./relay/create-relay.js";
-export { constant, exponential, linear, none } from "./retry/strategies.js";
+export { constant, exponential, giveUpAfter, linear, none } from "./retry/strategies.js";
 export type { Executor } from "./sql/executor.js";
 export { DEFAULT_SCHEMA, outboxNames, validateSchemaName } from "./sql/names.js";
 export { redactConnectionString } from "./util/redact.js";

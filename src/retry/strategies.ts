@@ -103,6 +103,26 @@ const defaultDelay = exponentialDelay({}, Math.random);
 export const defaultRetry: RetryStrategy = defaultDelay;
 
 /**
+ * `strategy`'s delays (the default backoff unless given) until `maxElapsedMs` have passed since the first
+ * attempt, then "stop": the message is dead-lettered (`retries_exhausted`) even when its failures are
+ * transient. Bounds how long an outage of a destination may hold a message. The first attempt's time is the
+ * server's; `now` (the worker's clock, for tests) is compared with it, so clock skew shifts the bound.
+ */
+export function giveUpAfter(
+  maxElapsedMs: number,
+  strategy: RetryStrategy = defaultRetry,
+  now: () => number = Date.now,
+): RetryStrategy {
+  const limit = requireMs("maxElapsedMs", maxElapsedMs);
+  return (ctx) => {
+    const first = ctx.firstAttemptAt instanceof Date ? ctx.firstAttemptAt.getTime() : Number.NaN;
+    // A first attempt time that is not a finite date (none yet, or an odd row) bounds nothing: keep retrying.
+    if (Number.isFinite(first) && now() - first >= limit) return "stop";
+    return strategy(ctx);
+  };
+}
+
+/**
  * Runs a (possibly user-supplied) strategy and normalises its answer to "stop" or whole ms in
  * [0, maxDelayMs]. A strategy that throws or returns garbage gets the default strategy's delay instead,
  * with the reason in `problem` for the caller to log: a message must never be lost or spun on a bad value.

@@ -6,6 +6,7 @@ import {
   decide,
   defaultRetry,
   exponential,
+  giveUpAfter,
   linear,
   none,
   type RetryContext,
@@ -209,6 +210,27 @@ describe("linear, constant, none", () => {
       expect(d).toBeLessThanOrEqual(1000);
     }
     expect(defaultRetry(ctx(40))).toBeGreaterThanOrEqual(HOUR / 2);
+  });
+});
+
+describe("giveUpAfter", () => {
+  it("keeps the inner strategy's delays until maxElapsedMs since the first attempt, then stops", () => {
+    const first = new Date(1_000_000);
+    const s = giveUpAfter(HOUR, constant(5), () => first.getTime() + HOUR - 1);
+    expect(s(ctx(3, { firstAttemptAt: first }))).toBe(5);
+    const late = giveUpAfter(HOUR, constant(5), () => first.getTime() + HOUR);
+    expect(late(ctx(3, { firstAttemptAt: first }))).toBe("stop");
+  });
+
+  it("bounds nothing without a finite first attempt time", () => {
+    const s = giveUpAfter(0, constant(5), () => 1e15);
+    expect(s(ctx(1, { firstAttemptAt: null }))).toBe(5);
+    expect(s(ctx(1, { firstAttemptAt: new Date(Number.NaN) }))).toBe(5);
+  });
+
+  it("refuses a bound that is not a finite number >= 0", () => {
+    expect(() => giveUpAfter(-1)).toThrow(RangeError);
+    expect(() => giveUpAfter(Number.NaN)).toThrow(/maxElapsedMs/);
   });
 });
 
