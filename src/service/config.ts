@@ -194,7 +194,7 @@ const TUNING_DESCRIPTIONS: Record<keyof typeof workerTuningShape, string> = {
   handlerTimeoutMs: "run time after which a handler is aborted and its attempt fails (timeout)",
   poolSize:
     "the worker's database connections (the service adds 2, 3 with deadLetterRetentionMs; LISTEN takes 1 more)",
-  maxDeliveries: "leases after which a row is dead-lettered as max_deliveries",
+  maxDeliveries: "deliveries ending without an outcome (crash, lost lease) before a row is dead-lettered as max_deliveries",
   maxAttempts: "failures (transient ones excluded) before retries_exhausted",
   completionBatchSize: "outcomes written per statement at most",
   completionWindowMs: "how long outcomes gather before a write",
