@@ -8,7 +8,7 @@ export interface DeadLetterRow extends MessageColumns {
   acquired_by: string | null;
   /** When it was dead-lettered (server clock). */
   dead_at: Date;
-  /** `rejected`, `invalid_payload`, `retries_exhausted`, `max_deliveries` or `no_handler`. */
+  /** `rejected`, `invalid_payload`, `invalid_headers`, `retries_exhausted`, `timeout`, `max_deliveries` or `no_handler`. */
   reason: string;
   /** The last error's message, if any. */
   error: string | null;

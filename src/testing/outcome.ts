@@ -57,7 +57,8 @@ export interface DeadOutcome {
   /**
    * The worker's reason: `rejected` (PermanentError), `retries_exhausted` (maxAttempts reached, or the
    * strategy said "stop"), `timeout` (the same, when the last attempt timed out), `invalid_payload`
-   * (unparsable, or refused by the queue schema; the handler did not run), `max_deliveries`.
+   * (unparsable, or refused by the queue schema; the handler did not run), `invalid_headers` (a header
+   * value that is not a string), `max_deliveries` (deliveries that ended without an outcome).
    */
   reason: string;
   /** The dead letter's error, cut to maxErrorLength as the database stores it. */
