@@ -21,8 +21,9 @@ const UNSTORABLE_ESCAPE = /(?:^|[^\\])(?:\\\\)*\\u(?:0000|[dD][89a-fA-F][0-9a-fA
 export function jsonProblem(value: unknown, text: string, root: string): JsonProblem | undefined {
   const unstorable = text.includes("\\u") && UNSTORABLE_ESCAPE.test(text);
   // A non-finite number is written as null: text without "null" holds none.
-  if (!unstorable && !text.includes("null")) return undefined;
-  const found = visit(jsonValue(value, ""), [], root);
+  const nonFinite = text.includes("null");
+  if (!unstorable && !nonFinite) return undefined;
+  const found = new Walk(root, unstorable, nonFinite).visit(jsonValue(value, ""));
   if (found || !unstorable) return found;
   // Only a toJSON that answers differently the second time gets here.
   return { field: root, problem: "holds a NUL character or a lone surrogate, which Postgres cannot store" };
@@ -45,36 +46,47 @@ function omitted(v: unknown): boolean {
   return v === undefined || typeof v === "function" || typeof v === "symbol";
 }
 
-/** Depth first, in JSON.stringify's order; `path` is one stack shared by the whole walk. */
-function visit(v: unknown, path: PropertyKey[], root: string): JsonProblem | undefined {
-  if (typeof v === "string") {
-    const problem = textProblem(v);
-    return problem ? { field: fieldPath(root, path), problem } : undefined;
-  }
-  if (typeof v === "number") {
-    if (Number.isFinite(v)) return undefined;
-    return { field: fieldPath(root, path), problem: `is ${v}, which JSON would store as null` };
-  }
-  if (typeof v !== "object" || v === null) return undefined;
-  if (Array.isArray(v)) {
-    for (let i = 0; i < v.length; i++) {
-      path.push(i);
-      const found = visit(jsonValue(v[i], String(i)), path, root);
+/** Depth first, in JSON.stringify's order, looking only for what the text search said may be there. */
+class Walk {
+  /** The path to the value being visited: one stack for the whole walk. */
+  readonly #path: PropertyKey[] = [];
+
+  constructor(
+    readonly root: string,
+    readonly text: boolean,
+    readonly numbers: boolean,
+  ) {}
+
+  visit(v: unknown): JsonProblem | undefined {
+    if (typeof v === "string") return this.text ? this.#problem(textProblem(v)) : undefined;
+    if (typeof v === "number")
+      return this.numbers && !Number.isFinite(v)
+        ? this.#problem(`is ${v}, which JSON would store as null`)
+        : undefined;
+    if (typeof v !== "object" || v === null) return undefined;
+    const path = this.#path;
+    if (Array.isArray(v)) {
+      for (let i = 0; i < v.length; i++) {
+        path.push(i);
+        const found = this.visit(jsonValue(v[i], String(i)));
+        path.pop();
+        if (found) return found;
+      }
+      return undefined;
+    }
+    for (const key of Object.keys(v)) {
+      const child = jsonValue((v as Record<string, unknown>)[key], key);
+      if (omitted(child)) continue;
+      path.push(key);
+      const keyProblem = this.text ? textProblem(key) : undefined;
+      const found = keyProblem ? this.#problem(`the property name ${keyProblem}`) : this.visit(child);
       path.pop();
       if (found) return found;
     }
     return undefined;
   }
-  for (const key of Object.keys(v)) {
-    const child = jsonValue((v as Record<string, unknown>)[key], key);
-    if (omitted(child)) continue;
-    path.push(key);
-    const problem = textProblem(key);
-    const found = problem
-      ? { field: fieldPath(root, path), problem: `the property name ${problem}` }
-      : visit(child, path, root);
-    path.pop();
-    if (found) return found;
+
+  #problem(problem: string | undefined): JsonProblem | undefined {
+    return problem === undefined ? undefined : { field: fieldPath(this.root, this.#path), problem };
   }
-  return undefined;
 }
