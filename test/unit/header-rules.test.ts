@@ -60,7 +60,7 @@ function relayRefusals(headers: Record<string, string>): string[] {
     if ((error as Error).message.includes(NOT_A_TOKEN)) refused.push(`http: ${(error as Error).message}`);
   }
   try {
-    natsEventHeaders(message, naming).encode();
+    natsEventHeaders(message, naming); // nats.js checks each name and value as it is added
   } catch (error) {
     refused.push(`nats: ${(error as Error).message}`);
   }
