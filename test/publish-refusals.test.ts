@@ -4,6 +4,7 @@ import { OutboxConfigError, OutboxError, OutboxPayloadError } from "../src/contr
 import type { PublishOptions } from "../src/contract/publish-options.js";
 import type { QueueDefinition } from "../src/contract/queue.js";
 import { FollowUps } from "../src/dispatch/follow-ups.js";
+import { replayDeadLetters } from "../src/inspect/dead-letters.js";
 import { createPublisher } from "../src/produce/publisher.js";
 import { testDatabase } from "./helpers/database.js";
 
@@ -249,4 +250,22 @@ describe("what every transport and Postgres can carry is still accepted", () => 
     expect(rows[0]).toEqual({ payload, key: options.key, headers: options.headers });
     expect(() => new FollowUps().add("accepted", payload, options)).not.toThrow();
   });
+});
+
+describe("replay takes stored rows as they are, and refuses a filter Postgres cannot take before sending it", () => {
+  for (const [field, filter] of [
+    ["queue", { queue: "q\u0000" }],
+    ["reason", { reason: "rejected\u0000" }],
+  ] as const) {
+    it(`a NUL in the ${field} filter is an OutboxConfigError naming it; the caller's transaction stays usable`, async () => {
+      const order = nextOrder++;
+      const { error, sent } = await inBusinessTransaction(order, (trx) =>
+        replayDeadLetters(trx, db.schema, filter),
+      );
+      expect(error).toBeInstanceOf(OutboxConfigError);
+      expect((error as OutboxConfigError).field).toBe(field);
+      expect(sent).toBe(0);
+      expect(await committed(order)).toBe(true);
+    });
+  }
 });

@@ -1,4 +1,5 @@
 import { OutboxConfigError } from "../contract/errors.js";
+import { textProblem } from "../contract/storable-text.js";
 import { type Executor, runQuery } from "../sql/executor.js";
 import { outboxNames } from "../sql/names.js";
 import {
@@ -32,12 +33,15 @@ export function checkLimit(limit: number | undefined): number {
   return limit;
 }
 
-/** A filter that is either absent (null: matches everything) or a non-empty string. */
+/** A filter that is either absent (null: matches everything) or a non-empty string Postgres can take. */
 export function checkOptionalText(value: string | undefined, field = "queue"): string | null {
   if (value === undefined) return null;
   if (typeof value !== "string" || value.length === 0) {
     throw new OutboxConfigError(field, "must be a non-empty string");
   }
+  // A NUL would fail the statement, and with it the caller's transaction when one is passed.
+  const problem = textProblem(value);
+  if (problem) throw new OutboxConfigError(field, problem);
   return value;
 }
 
