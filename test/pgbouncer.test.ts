@@ -21,6 +21,11 @@ import { until } from "./helpers/worker.js";
 const db = testDatabase("pgb");
 const tx = await pgbouncerForTests("pgbouncer.test", db.url, { poolMode: "transaction" });
 const session = await pgbouncerForTests("pgbouncer.test", db.url, { poolMode: "session" });
+// One server connection for every client: each transaction lands where another client's statements are.
+const txOneServer = await pgbouncerForTests("pgbouncer.test", db.url, {
+  poolMode: "transaction",
+  settings: { default_pool_size: 1 },
+});
 
 beforeAll(() => db.migrate());
 
@@ -194,18 +199,23 @@ describe.skipIf(tx.skip !== undefined)("PgBouncer, transaction mode", () => {
     await db.pool.query(`DELETE FROM ${db.names.messages} WHERE queue = $1`, [queue]);
   });
 
-  it("the same load with preparedStatements: true fails (what the default avoids)", async () => {
-    const queue = "pgb.produce-named";
-    const publisher = createPublisher({ schema: db.schema, preparedStatements: true });
-    const { ids, failures } = await produce(url, publisher, queue, 8, 200);
-    // A statement prepared on one server connection is missing (26000) or already there (42P05) on the next.
-    expect(failures.length).toBeGreaterThan(0);
-    expect(failures.filter((f) => !POOLER_STATEMENT_ERRORS.has(f.slice(0, 5)))).toEqual([]);
-    // Each committed id is there; a failed transaction left nothing.
-    expect(await present(ids)).toBe(ids.length);
-    expect(await remaining(queue)).toBe(ids.length);
-    await db.pool.query(`DELETE FROM ${db.names.messages} WHERE queue = $1`, [queue]);
-  });
+  it.skipIf(txOneServer.skip !== undefined)(
+    "8 producers with preparedStatements: true fail (what the default avoids)",
+    async () => {
+      const queue = "pgb.produce-named";
+      const publisher = createPublisher({ schema: db.schema, preparedStatements: true });
+      // Through a pooler with one server connection the race is certain, not left to the machine's timing:
+      // the first producer prepares the statement there, and each other one's first Parse of it finds it.
+      const { ids, failures } = await produce(txOneServer.bouncer?.url ?? "", publisher, queue, 8, 25);
+      // A statement prepared on one server connection is missing (26000) or already there (42P05) on the next.
+      expect(failures.length).toBeGreaterThanOrEqual(7);
+      expect(failures.filter((f) => !POOLER_STATEMENT_ERRORS.has(f.slice(0, 5)))).toEqual([]);
+      // Each committed id is there; a failed transaction left nothing.
+      expect(await present(ids)).toBe(ids.length);
+      expect(await remaining(queue)).toBe(ids.length);
+      await db.pool.query(`DELETE FROM ${db.names.messages} WHERE queue = $1`, [queue]);
+    },
+  );
 
   it("a worker with preparedStatements: false drains 5,000 rows exactly once, polling, with one warning", async () => {
     const queue = "pgb.drain";
@@ -300,9 +310,9 @@ describe.skipIf(tx.skip !== undefined)("PgBouncer, transaction mode", () => {
         OUTBOX_SCHEMA: db.schema,
         OUTBOX_PREPARED_STATEMENTS: "false",
         OUTBOX_LOG_PRETTY: "false",
-        // So slow that only a wake-up can explain a prompt delivery.
-        OUTBOX_MIN_POLL_INTERVAL_MS: "60000",
-        OUTBOX_MAX_POLL_INTERVAL_MS: "60000",
+        // So slow that only a wake-up can explain a delivery at all.
+        OUTBOX_MIN_POLL_INTERVAL_MS: "3600000",
+        OUTBOX_MAX_POLL_INTERVAL_MS: "3600000",
       });
       running.push(p);
       await p.waitFor("listener listening", 15_000);
@@ -316,7 +326,7 @@ describe.skipIf(tx.skip !== undefined)("PgBouncer, transaction mode", () => {
       } finally {
         await producer.end();
       }
-      await until(async () => (await remaining("fast")) === 0, "the row delivered on its wake-up", 10_000);
+      await until(async () => (await remaining("fast")) === 0, "the row delivered on its wake-up", 20_000);
       p.child.kill("SIGTERM");
       expect(await p.exited, p.output()).toEqual({ code: 0, signal: null });
       expect(p.output()).not.toContain(LISTEN_FALLBACK);
@@ -342,22 +352,20 @@ describe.skipIf(session.skip !== undefined)("PgBouncer, session mode", () => {
         await client.end();
       }
     };
-    // Before the worker starts, so that its first fetch finds it: after that fetch the next poll is a
-    // minute away, and only a wake-up explains a prompt pickup.
+    // Before the worker starts, so that its first fetch finds it: after that fetch the next poll is an
+    // hour away, and only a wake-up explains a pickup at all.
     const primer = await publishOne({ n: 0 });
     const w = await startObserved({
       connection: url,
-      minPollIntervalMs: 60_000,
-      maxPollIntervalMs: 60_000,
+      minPollIntervalMs: 3_600_000,
+      maxPollIntervalMs: 3_600_000,
       queues: { [queue]: () => {} },
     });
     expect(w.listener).toEqual(["connecting", "listening"]);
-    await until(() => w.acked.has(primer), "the primer row, found by the first fetch");
+    await until(() => w.acked.has(primer), "the primer row, found by the first fetch", 20_000);
 
-    const published = Date.now();
     const id = await publishOne({ n: 1 });
-    await until(() => w.acked.has(id), "the row published after the first fetch, woken by NOTIFY", 10_000);
-    expect(Date.now() - published).toBeLessThan(10_000);
+    await until(() => w.acked.has(id), "the row published after the first fetch, woken by NOTIFY", 20_000);
     expect(w.loopErrors).toEqual([]);
     expect(w.warnings()).toEqual([]);
     expect(w.listener.at(-1)).toBe("listening");
