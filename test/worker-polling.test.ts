@@ -1,6 +1,6 @@
-import pg from "pg";
 import { afterEach, beforeAll, describe, expect, it } from "vitest";
 import type { WorkerOptions } from "../src/worker/options.js";
+import { CountingPool } from "./helpers/counting-pool.js";
 import { testDatabase } from "./helpers/database.js";
 import { until, workerFactory } from "./helpers/worker.js";
 
@@ -14,16 +14,6 @@ import { until, workerFactory } from "./helpers/worker.js";
 const db = testDatabase("polling");
 const workers = workerFactory(db);
 beforeAll(() => db.migrate());
-
-/** A pool that counts the lease statements (the fetch) sent through it. */
-class CountingPool extends pg.Pool {
-  leases = 0;
-  // biome-ignore lint/suspicious/noExplicitAny: pg's query has many overloads; this only looks at the text.
-  override query(config: any, ...rest: any[]): any {
-    if (typeof config === "object" && /FOR UPDATE SKIP LOCKED/.test(String(config?.text))) this.leases++;
-    return (super.query as (...args: unknown[]) => unknown)(config, ...rest);
-  }
-}
 
 const pools: CountingPool[] = [];
 afterEach(async () => {
