@@ -319,7 +319,7 @@ describe("outbox-worker peek", () => {
       // peek under the same lock_timeout sees every row, the locked ones included (so no SKIP LOCKED either).
       const viaLibrary = await peekMessages(other, s.schema);
       expect(viaLibrary.map((r) => r.id)).toEqual([s.m.r1, s.m.e1, s.m.r2, s.m.l1, s.m.s1]);
-      const started = Date.now();
+      // A peek that waited for a row lock would fail with 55P03 after lock_timeout, not exit 0.
       const out = await cli(["peek", "--json", "--schema", s.schema], { PGOPTIONS: "-c lock_timeout=200" });
       expect(out.stderr).toBe("");
       expect(out.code).toBe(0);
@@ -330,7 +330,6 @@ describe("outbox-worker peek", () => {
         s.m.l1,
         s.m.s1,
       ]);
-      expect(Date.now() - started).toBeLessThan(20_000);
       const status = await cli(["status", "--schema", s.schema], { PGOPTIONS: "-c lock_timeout=200" });
       expect(status.code).toBe(0);
     } finally {

@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import net from "node:net";
 import pg from "pg";
-import { afterAll, afterEach, describe, expect, inject, it } from "vitest";
+import { afterAll, afterEach, describe, expect, inject, it, vi } from "vitest";
 import {
   createNotifier,
   type ListenerState,
@@ -17,6 +17,9 @@ const notifiers: Notifier[] = [];
 const proxies: Proxy[] = [];
 
 afterEach(async () => {
+  // A test that failed with the clock stopped: what waits on a timer gets it, so the stops below end.
+  if (vi.isFakeTimers()) vi.runOnlyPendingTimers();
+  vi.useRealTimers();
   await Promise.all(notifiers.splice(0).map((n) => n.stop()));
   await Promise.all(proxies.splice(0).map((p) => p.close()));
 });
@@ -106,16 +109,15 @@ async function eventually(check: () => Promise<boolean>, timeoutMs: number, what
 }
 
 describe("notifier", () => {
-  it("wakes on a served queue within milliseconds", async () => {
+  it("wakes on a served queue", async () => {
     const h = harness();
     await h.notifier.start();
     expect(h.notifier.state).toBe("listening");
     expect(h.states.events).toEqual(["connecting", "listening"]);
 
-    const sent = performance.now();
+    // The notifier has no timer of its own that could wake it: the wake is the notification's.
     await notify(h.channel, "orders");
-    await h.wakes.waitFor((w) => w.includes("orders"), 2_000, "a wake for orders");
-    expect(performance.now() - sent).toBeLessThan(1_000);
+    await h.wakes.waitFor((w) => w.includes("orders"), 10_000, "a wake for orders");
     expect(h.errors.events).toEqual([]);
   });
 
@@ -128,7 +130,7 @@ describe("notifier", () => {
     await notify(h.channel, "");
     await notify(`${h.channel}_other`, "orders");
     await notify(h.channel, "orders");
-    await h.wakes.waitFor((w) => w.length >= 1, 2_000, "a wake");
+    await h.wakes.waitFor((w) => w.length >= 1, 10_000, "a wake");
     expect(h.wakes.events).toEqual(["orders"]);
   });
 
@@ -139,7 +141,7 @@ describe("notifier", () => {
     await notify(h.channel, "a.b");
     await notify(h.channel, `${SELF_TEST_PAYLOAD_PREFIX}fake`);
     await notify(h.channel, "billing/x");
-    await h.wakes.waitFor((w) => w.includes("billing/x"), 2_000, "a wake for billing/x");
+    await h.wakes.waitFor((w) => w.includes("billing/x"), 10_000, "a wake for billing/x");
     // The start-up self-test's own notification went through this channel too.
     expect(h.wakes.events).toEqual(["a.b", "billing/x"]);
   });
@@ -162,7 +164,7 @@ describe("notifier", () => {
     expect(h.notifier.state).toBe("listening");
 
     await notify(h.channel, "orders");
-    await h.wakes.waitFor((w) => w.includes("orders"), 2_000, "a wake after the reconnect");
+    await h.wakes.waitFor((w) => w.includes("orders"), 10_000, "a wake after the reconnect");
 
     await h.notifier.stop();
     await eventually(async () => (await sessions(h.applicationName)) === 0, 5_000, "the session to close");
@@ -176,9 +178,11 @@ describe("notifier", () => {
     await h.errors.waitFor((e) => e.length >= 2, 5_000, "two failed connection attempts");
     expect(h.errors.events[0]?.message).toMatch(/ECONNREFUSED/);
 
-    const begun = performance.now();
+    // Time stands still from here on: a stop() that waited for the next retry, or for a close to time
+    // out, would never return.
+    vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout", "setInterval", "clearInterval"] });
     await h.notifier.stop();
-    expect(performance.now() - begun).toBeLessThan(1_000);
+    vi.useRealTimers();
     expect(h.notifier.state).toBe("stopped");
     expect(h.states.events.at(-1)).toBe("stopped");
   });
@@ -202,7 +206,7 @@ describe("notifier", () => {
 
       // It stays connected: a notification that does arrive is still a useful hint.
       await notify(h.channel, "orders");
-      await h.wakes.waitFor((w) => w.includes("orders"), 2_000, "a wake in poll_only");
+      await h.wakes.waitFor((w) => w.includes("orders"), 10_000, "a wake in poll_only");
     } finally {
       await observer.close();
     }
@@ -221,7 +225,7 @@ describe("notifier", () => {
     expect(h.notifier.state).toBe("listening");
 
     await notify(h.channel, "orders");
-    await h.wakes.waitFor((w) => w.includes("orders"), 2_000, "a wake after the reconnect");
+    await h.wakes.waitFor((w) => w.includes("orders"), 10_000, "a wake after the reconnect");
   });
 
   it("recreates the subscriber when pg-listen gives up reconnecting", async () => {
@@ -244,7 +248,7 @@ describe("notifier", () => {
     await h.reconnects.waitFor((r) => r.length >= 1, 15_000, "onReconnected");
     expect(h.notifier.state).toBe("listening");
     await notify(h.channel, "orders");
-    await h.wakes.waitFor((w) => w.includes("orders"), 2_000, "a wake after the recreate");
+    await h.wakes.waitFor((w) => w.includes("orders"), 10_000, "a wake after the recreate");
   });
 
   it("a throwing onWake is reported and does not break delivery", async () => {
@@ -259,7 +263,7 @@ describe("notifier", () => {
     await h.notifier.start();
     await notify(h.channel, "orders");
     await notify(h.channel, "orders");
-    await h.wakes.waitFor((w) => w.length >= 1, 2_000, "the second wake");
+    await h.wakes.waitFor((w) => w.length >= 1, 10_000, "the second wake");
     expect(h.errors.events.map((e) => e.message)).toEqual([expect.stringMatching(/callback threw: boom/)]);
   });
 

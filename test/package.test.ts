@@ -358,11 +358,10 @@ describe("the built CLI as the Docker image runs it", () => {
     expect(out.stderr).not.toContain("listener");
 
     const silent = await fakeService(() => {}); // never answers
-    const started = Date.now();
+    // The service never answers: only the check's own timeout can end the call.
     const timedOut = await cli(["healthcheck", "--port", String(silent), "--timeout-ms", "300"]);
     expect(timedOut.code).toBe(1);
     expect(timedOut.stderr).toContain("no answer within 300 ms");
-    expect(Date.now() - started).toBeLessThan(5_000);
   });
 
   it("lists healthcheck in the main help and has its own", async () => {
@@ -416,7 +415,6 @@ describe("the built CLI as the Docker image runs it", () => {
       ["./no-embedded.mjs", "demo", "--live", "0", "--data-dir", path.join(app, "demo-data")],
     ] as const;
     for (const [hook, command, ...args] of runs) {
-      const started = Date.now();
       const out = await node(["--import", hook, MAIN, command, ...args], env as Record<string, string>);
       const what = `${hook} ${command}`;
       expect(out.stderr, what).toContain(
@@ -425,7 +423,6 @@ describe("the built CLI as the Docker image runs it", () => {
       expect(out.stderr, what).toContain("set DATABASE_URL");
       expect(out.stderr.trim().split("\n"), what).toHaveLength(1);
       expect(out.code, `${what}\n${out.stdout}${out.stderr}`).toBe(2);
-      expect(Date.now() - started, what).toBeLessThan(10_000);
     }
   });
 });

@@ -378,9 +378,8 @@ describe("http relay", () => {
     respond = (_req, res) => void setTimeout(() => res.writeHead(204).end(), 3000);
     const slow = await relay({ type: "http", url: `http://${HOST}:${port}/slow`, timeoutMs: 300 });
     const [id = ""] = newIds(1);
-    const started = Date.now();
+    // The answer comes after 3 s, a 204 the relay would count as ok: "transient" is its 300 ms timeout.
     expect(await outcome(slow, id, "q")).toBe("transient");
-    expect(Date.now() - started).toBeLessThan(2500);
 
     const proxy = await proxyTo(port);
     proxy.cut();

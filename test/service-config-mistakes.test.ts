@@ -14,7 +14,6 @@ afterEach(() => {
 });
 
 async function refused(args: string[], env: Record<string, string>): Promise<string> {
-  const started = Date.now();
   const p = startCli(["run", ...args], {
     DATABASE_URL: CLOSED,
     OUTBOX_STARTUP_WAIT_MS: "0",
@@ -25,7 +24,6 @@ async function refused(args: string[], env: Record<string, string>): Promise<str
   const exit = await p.exited;
   const out = p.output();
   expect(exit.code, out).toBe(2);
-  expect(Date.now() - started, out).toBeLessThan(10_000);
   expect(out).toContain("outbox-worker run: invalid config:");
   expect(out).not.toMatch(/ECONNREFUSED|waiting for the database|could not start/);
   return out;

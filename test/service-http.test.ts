@@ -377,9 +377,8 @@ describe("readiness", () => {
     });
 
     const readiness = createReadiness({ pool, schema: db.schema, listen: false, timeoutMs: 200 });
-    const started = Date.now();
+    // The server never answers: only the check's own timeout can end it.
     const report = await readiness.check();
-    expect(Date.now() - started).toBeLessThan(1500);
     expect(report.ready).toBe(false);
     expect(report.checks.database).toEqual({ ok: false, error: "database check timed out after 200 ms" });
     expect(report.checks.migrations.ok).toBe(false);
@@ -434,9 +433,8 @@ describe("http server", () => {
       () => "cut",
     );
     await until(() => asked, "the request reached the handler");
-    const started = Date.now();
+    // The readiness check never ends: only the grace period's cut can end close() and the request.
     await http.close();
-    expect(Date.now() - started).toBeLessThan(2000);
     expect(await hanging).toBe("cut");
   });
 });
