@@ -163,12 +163,17 @@ describe("per-key ordering", () => {
 
   it("blocks a key behind a delayed head; other keys go ahead", async () => {
     const t = tracker();
+    // Due in an hour: only the test makes it due, once the other key's message is done (not a race
+    // between a short delay and the worker's start on a busy machine).
     const [late, behind, other] = await publishMany("delayed", [
-      { payload: { n: 1 }, key: "a", delayMs: 400 },
+      { payload: { n: 1 }, key: "a", delayMs: 3_600_000 },
       { payload: { n: 2 }, key: "a" },
       { payload: { n: 3 }, key: "b" },
     ]);
+    // `behind` and `other` are ready before the worker starts: one fetch would take both if the key let it.
     await workers.start({ concurrency: 8, queues: { delayed: (_p, m) => t.run(m, async () => {}) } });
+    await until(() => t.done("b").length === 1, "the other key's message handled");
+    await db.pool.query(`UPDATE ${db.names.messages} SET available_at = now() WHERE id = $1`, [late]);
     await until(async () => (await remaining()) === 0, "every message handled");
     expect(t.runs.map((r) => r.id)).toEqual([other, late, behind]);
   });
@@ -511,10 +516,11 @@ describe("commit order: publish serialises producers of one key", () => {
     try {
       await producer.query("BEGIN");
       const [next] = await outbox.publishMany(producer, "held", [{ payload: { n: 2 }, key: "k" }]);
+      // A query timeout no plain statement reaches on a busy machine: the held key outlasts it many times.
       const worker = await workers.start({
         concurrency: 4,
-        leaseTtlMs: 3000,
-        queryTimeoutMs: 200,
+        leaseTtlMs: 4000,
+        queryTimeoutMs: 1000,
         maxConsecutiveFailures: 3,
         loopBackoffBaseMs: 10,
         loopBackoffMaxMs: 50,
@@ -524,17 +530,17 @@ describe("commit order: publish serialises producers of one key", () => {
         worker.on(event, () => problems.push(event));
       }
       await until(() => t.done("k").length === 1, "the head handled");
-      // Its ack finds the key's lock busy. Still held 2 s past its lease TTL, ten query timeouts later.
+      // Its ack finds the key's lock busy. Still held after 4 s of renewals, four query timeouts later.
       await until(
         async () => {
           const { rows } = await db.pool.query(
-            `SELECT lease_expires_at - acquired_at > interval '5 seconds' AS long FROM ${db.names.messages} WHERE id = $1`,
+            `SELECT lease_expires_at - acquired_at > interval '8 seconds' AS long FROM ${db.names.messages} WHERE id = $1`,
             [head],
           );
           return rows[0]?.long === true;
         },
-        "the head's lease renewed for 2 s past its TTL",
-        15_000,
+        "the head's lease renewed for 4 s",
+        60_000,
       );
       const others = await publishMany("held", [{ payload: { n: 3 }, key: "other" }, { payload: { n: 4 } }]);
       await until(
