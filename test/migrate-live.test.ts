@@ -9,7 +9,8 @@ import { until } from "./helpers/worker.js";
 /**
  * The per-key ordering upgrade (0003 + 0004, and 0007–0009 after it) on a live outbox: a table at version 2 holding rows, producers
  * publishing on their own connections the whole time, and `migrate` run in the middle. No producer may wait
- * more than a moment. bench/upgrade.ts runs the same scenario at 1M rows for the README's figure.
+ * for a good part of the upgrade, nor behind a lock request of it. bench/upgrade.ts runs the same scenario
+ * at 1M rows for the README's figure.
  */
 
 const db = testDatabase("live");
@@ -18,8 +19,6 @@ const ROWS = 200_000;
 /** Half of the rows are keyed, over this many keys (5 rows a key, 4 of them behind the key's head). */
 const KEYS = 20_000;
 const PRODUCERS = 4;
-/** "A moment", even on a loaded 2-core machine. */
-const STALL_BOUND_MS = 2_000;
 /**
  * At this size a migration that locks producers out while it builds an index stalls them for well under
  * 2 s, but for a good part of the upgrade (a quarter to a third with 0004's indexes built in a transaction),
@@ -93,6 +92,16 @@ function startProducers(url: string, schema: string) {
   };
 }
 
+/** The upgrade's session waits for a lock on this schema's messages table (0003's ALTER TABLE). */
+async function upgradeWaitsForLock(schema: string): Promise<boolean> {
+  const { rows } = await db.pool.query(
+    `SELECT count(*)::int AS n FROM pg_locks AS l JOIN pg_stat_activity AS a USING (pid)
+     WHERE l.relation = to_regclass($1) AND NOT l.granted AND a.application_name = 'outbox-migrate'`,
+    [`"${schema}".messages`],
+  );
+  return rows[0].n > 0;
+}
+
 function percentile(xs: number[], p: number): number {
   const s = [...xs].sort((a, b) => a - b);
   return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))] ?? Number.NaN;
@@ -100,7 +109,7 @@ function percentile(xs: number[], p: number): number {
 
 describe("the per-key ordering upgrade on a live outbox", () => {
   it(`takes ${ROWS.toLocaleString("en-US")} rows from version 2 to the latest while producers keep committing`, {
-    timeout: 90_000,
+    timeout: 180_000,
   }, async () => {
     const schema = db.schema;
     await schemaAtVersionTwo(schema);
@@ -151,7 +160,7 @@ describe("the per-key ordering upgrade on a live outbox", () => {
         `longest producer stall ${Math.round(longestDuring)} ms during the upgrade, ${Math.round(longest)} ms overall ` +
         `(p99 ${percentile(latencies, 99).toFixed(1)} ms, before the upgrade max ${Math.round(Math.max(...before))} ms)`,
     );
-    expect(longest).toBeLessThan(STALL_BOUND_MS);
+    // Measured against the upgrade's own duration, which a busy machine stretches as it does the stalls.
     expect(longestDuring).toBeLessThan(Math.max(STALL_FLOOR_MS, STALL_SHARE * (migrateEnd - migrateStart)));
     // Producers kept going through the whole upgrade, not just around it.
     expect(committedDuring).toBeGreaterThan(50);
@@ -193,26 +202,31 @@ describe("the per-key ordering upgrade on a live outbox", () => {
   });
 
   it("waits out a long transaction on messages without holding producers behind its table lock", {
-    timeout: 90_000,
+    timeout: 180_000,
   }, async () => {
     const schema = db.freshSchema("long");
     await schemaAtVersionTwo(schema);
     const reader = new pg.Client({ connectionString: db.url });
     await reader.connect();
     const producers = startProducers(db.url, schema);
-    const HOLD_MS = 3_000;
+    const AFTER = 20;
     try {
       await until(() => producers.commits.length >= 100, "producers in their stride");
       // A report, a slow consumer, a psql session left open: any transaction that read messages holds a
       // lock 0003's ALTER TABLE conflicts with, until it ends.
       await reader.query("BEGIN");
       await reader.query(`SELECT count(*) FROM "${schema}".messages`);
-      const started = performance.now();
       const upgrade = migrate({ connection: db.url, schema });
+      // Awaited below; a failure meanwhile must not surface as an unhandled rejection.
+      upgrade.catch(() => {});
+      await until(() => upgradeWaitsForLock(schema), "the upgrade waiting for the reader's lock", 60_000);
+      const queuedAt = performance.now();
+      // A lock request left queued behind the reader would hold every producer that comes after it until the
+      // reader ends; given up (lock_timeout) and retried later, it lets them through in between.
       await until(
-        () => performance.now() - started >= HOLD_MS,
-        "the long transaction's time",
-        HOLD_MS + 5_000,
+        () => producers.commits.filter((c) => c.start > queuedAt).length >= AFTER,
+        `${AFTER} commits begun after the upgrade asked for its lock, the reader still open`,
+        60_000,
       );
       await reader.query("COMMIT");
       const result = await upgrade;
@@ -221,11 +235,7 @@ describe("the per-key ordering upgrade on a live outbox", () => {
       await reader.end();
       await producers.stop();
     }
-    // Without the lock timeout every producer would wait the whole 3 s behind the ALTER's lock request.
     const longest = Math.max(...producers.commits.map((c) => c.end - c.start));
-    console.log(
-      `[migrate-live] behind a ${HOLD_MS} ms transaction: longest producer stall ${Math.round(longest)} ms`,
-    );
-    expect(longest).toBeLessThan(1_000);
+    console.log(`[migrate-live] behind a long transaction: longest producer stall ${Math.round(longest)} ms`);
   });
 });
