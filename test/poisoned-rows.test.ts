@@ -66,9 +66,9 @@ describe("a row whose values sit at a limit", () => {
       retry: constant(10),
       maxAttempts: 3,
       queues: {
-        odd: (p: { fail?: boolean }, m) => {
+        odd: (p, m) => {
           ran.push(m.id);
-          if (p.fail) throw new Error("handler failed");
+          if ((p as { fail?: boolean }).fail) throw new Error("handler failed");
         },
         healthy: () => {},
       },

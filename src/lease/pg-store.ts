@@ -433,7 +433,8 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
       return { token, rows };
     },
 
-    async ack(writes: readonly AckWrite[], handOff = 0): Promise<Landed> {
+    async ack(unsorted: readonly AckWrite[], handOff = 0): Promise<Landed> {
+      const writes = byId(unsorted);
       // Batches without follow-ups (nearly all) keep the plain statements: the follow-up ones cost more.
       const follows = writes.some((w) => w.followUps !== undefined && w.followUps.length > 0);
       if (writes.some((w) => w.held.key !== null))
@@ -450,7 +451,8 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
       return result?.keys ? landedByKey(new Set(result.keys), key) : allLanded(writes.length);
     },
 
-    async retry(writes: readonly RetryWrite[]) {
+    async retry(unsorted: readonly RetryWrite[]) {
+      const writes = byId(unsorted);
       return landed(
         await query(sql.retry, {
           ...pairs(held(writes)),
@@ -462,13 +464,14 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
       );
     },
 
-    async deadLetter(writes: readonly DeadWrite[], handOff = 0) {
+    async deadLetter(unsorted: readonly DeadWrite[], handOff = 0) {
+      const writes = byId(unsorted);
       if (writes.some((w) => w.held.key !== null)) return completeKeyed(writes, handOff, deadRound);
       return landed(await query(sql.dead, deadParams(writes)));
     },
 
     async release(deliveries) {
-      return landed(await query(sql.release, pairs(deliveries)));
+      return landed(await query(sql.release, pairs(byId(deliveries))));
     },
 
     async whereabouts(deliveries) {
@@ -476,7 +479,22 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     },
 
     async renew(deliveries) {
-      return landed(await query(sql.renew, { ...pairs(deliveries), leaseTtlMs: options.leaseTtlMs }));
+      return landed(await query(sql.renew, { ...pairs(byId(deliveries)), leaseTtlMs: options.leaseTtlMs }));
     },
   };
+}
+
+/** Decimal ids in numeric order. */
+function compareIds(a: string, b: string): number {
+  return a.length - b.length || (a < b ? -1 : a > b ? 1 : 0);
+}
+
+/**
+ * Writes in id order. Each statement locks its rows in the order of its arrays (the plan walks the unnest
+ * and looks each id up), so the worker's statements all take rows in one order and never deadlock with
+ * each other: a renewal racing a keyed ack of the same rows would otherwise wait for it in a cycle.
+ */
+function byId<T extends { held: Delivery } | Delivery>(items: readonly T[]): T[] {
+  const id = (t: T) => ("held" in t ? t.held.id : t.id);
+  return [...items].sort((a, b) => compareIds(id(a), id(b)));
 }

@@ -1,4 +1,5 @@
 import { defineQuery, type NoParams, type Query } from "./executor.js";
+import { KEY_LOCK } from "./key-lock.js";
 import type { OutboxNames } from "./names.js";
 import type { MessageColumns } from "./rows.js";
 
@@ -90,15 +91,26 @@ export function replayDeadLettersStatement(names: OutboxNames): Query<ReplayPara
   return defineQuery(
     "dead_replay",
     `WITH picked AS (
+  -- In id order, so two replays over overlapping rows cannot deadlock on them.
   SELECT d.* FROM ${names.deadLetters} AS d
   WHERE ${REPLAY_FILTER}
+  ORDER BY d.id
   FOR UPDATE
 ), inserted AS (
   INSERT INTO ${names.messages}
     (id, queue, payload, headers, key, created_at, available_at, deliveries_count, attempts_count,
      failures_count, last_error)
   OVERRIDING SYSTEM VALUE
-  SELECT id, queue, payload, headers, key, created_at, now(), 0, 0, 0, error FROM picked
+  SELECT p.id, p.queue, p.payload, p.headers, p.key, p.created_at, now(), 0, 0, 0, p.error FROM picked AS p
+  -- Every key's lock before any row, in (queue, key) order as publishMany and follow-ups take them: the
+  -- key-head trigger would otherwise take them row by row, in id order, and deadlock with a producer.
+  CROSS JOIN (
+    SELECT count(*) FROM (
+      SELECT ${KEY_LOCK("k.queue", "k.key")} FROM (
+        SELECT DISTINCT x.queue, x.key FROM picked AS x WHERE x.key IS NOT NULL ORDER BY 1, 2
+      ) AS k
+    ) AS taken
+  ) AS key_locks
   ON CONFLICT (id) DO NOTHING
   RETURNING id
 ), removed AS (
