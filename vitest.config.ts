@@ -5,8 +5,10 @@ export default defineConfig({
   test: {
     include: ["test/**/*.test.ts"],
     globalSetup: ["test/setup/global-setup.ts"],
-    testTimeout: 30_000,
-    hookTimeout: 60_000,
+    // Timeouts only catch a hang; no test asserts time with them. Generous, so that a test that spawns
+    // processes or starts servers on a busy 2-core machine (six CPU hogs beside the run) is slow, not failed.
+    testTimeout: 120_000,
+    hookTimeout: 120_000,
     // The global teardown stops the embedded server, whose own stop timeout is 15 s.
     teardownTimeout: 30_000,
     pool: "forks",

@@ -35,7 +35,7 @@ async function generate(out: string): Promise<{ code: number; output: string }> 
 
 describe("API reference (docs/api/, generated from the TSDoc by typedoc)", () => {
   it("documents every export of src/index.ts and matches the committed reference byte for byte", {
-    timeout: 60_000,
+    timeout: 180_000,
   }, async () => {
     const out = await testTempDir("outbox-api-docs-");
     const { code, output } = await generate(out);

@@ -16,7 +16,7 @@ function cli(args: string[], env: Record<string, string | undefined> = {}) {
 
 /** The demo owns its process (signals, exit): the built CLI in a child process; never throws on a non-zero exit. */
 function demo(args: string[], env: Record<string, string | undefined> = {}) {
-  return execCli(["demo", ...args], env, { timeoutMs: 60_000 });
+  return execCli(["demo", ...args], env, { timeoutMs: 120_000 });
 }
 
 /**
@@ -145,6 +145,6 @@ describe("outbox-worker CLI", () => {
       expect(second.stdout).toMatch(/Delivered 5 message\(s\) in \d+ ms; 0 left in the outbox/);
       // The orders of both runs are there: the data folder was reused.
       expect(second.stdout).toContain("delivered message 10: order 10");
-    }, 120_000);
+    }, 300_000);
   });
 });

@@ -44,10 +44,13 @@ function cli(args: string[], dir: string): CliProcess {
 }
 
 describe("zero-setup runs side by side", () => {
-  it("a second run refuses with a clear line and the first keeps its database and delivers", async () => {
+  // Each starts an embedded server (initdb included): minutes on a busy machine.
+  it("a second run refuses with a clear line and the first keeps its database and delivers", {
+    timeout: 300_000,
+  }, async () => {
     const dir = await tempDir();
     const first = cli(["run", "--handlers", HANDLERS], dir);
-    await first.waitFor("outbox-worker running", 60_000);
+    await first.waitFor("outbox-worker running", 120_000);
 
     // It refuses up front: it neither waits for the folder nor stops the first run's server.
     const second = cli(["run", "--handlers", HANDLERS], dir);
@@ -81,10 +84,12 @@ describe("zero-setup runs side by side", () => {
     expect((await first.exited).code).toBe(0);
   });
 
-  it("Ctrl-C during the demo's live phase ends it cleanly, without a stack trace", async () => {
+  it("Ctrl-C during the demo's live phase ends it cleanly, without a stack trace", {
+    timeout: 300_000,
+  }, async () => {
     const dir = await tempDir();
     const demo = cli(["demo", "--live", "60", "--data-dir", path.join(dir, "data")], dir);
-    await demo.waitFor("Live for", 60_000);
+    await demo.waitFor("Live for", 120_000);
     // Its first progress line: "1 s", or "2 s" when the machine is busy and the tick runs late.
     await demo.waitFor(" s  placed");
     demo.child.kill("SIGINT");

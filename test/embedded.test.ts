@@ -45,7 +45,7 @@ describe("startEmbeddedPostgres", () => {
     await expect(access(dataDir)).rejects.toThrow();
   });
 
-  it("keeps data and password across restarts in persistent mode", { timeout: 60_000 }, async () => {
+  it("keeps data and password across restarts in persistent mode", { timeout: 180_000 }, async () => {
     const dataDir = path.join(await tempRoot(), "pgdata");
     const first = await startEmbeddedPostgres({ dataDir, persistent: true });
     await query(first.url, "CREATE TABLE kept (id int); INSERT INTO kept VALUES (42)");

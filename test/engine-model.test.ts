@@ -373,7 +373,7 @@ async function takeover(
   const noticed = await waitFor(() => {
     const lost = lostDeliveries(h);
     return engineKeys.every((k) => lost.has(k));
-  }, 2000);
+  }, 30_000);
   if (!noticed) {
     const lost = lostDeliveries(h);
     return `takeover of ${engineKeys.filter((k) => !lost.has(k)).join(", ")} never reported as lease_lost`;
@@ -433,7 +433,7 @@ async function runScenario(s: Scenario): Promise<{ h: Harness; result: StopResul
       }
     }
     if (result === undefined) {
-      if (!(await waitFor(() => h.table.rows.size === 0, 5000))) {
+      if (!(await waitFor(() => h.table.rows.size === 0, 30_000))) {
         problems.push(`rows never finished: ${JSON.stringify([...h.table.rows.values()])}`);
       }
       result = await h.engine.shutdown(1000);
@@ -561,7 +561,7 @@ describe("engine model (in-memory lease store, competing worker)", () => {
       },
     );
     if (process.env.ENGINE_MODEL_STATS) console.log(Object.fromEntries([...seen].sort()));
-  }, 60_000);
+  }, 180_000);
 
   it("a hanging handler whose lease is taken over is aborted and reported lost, and its outcome is never written", async () => {
     const h = harness({
@@ -578,7 +578,7 @@ describe("engine model (in-memory lease store, competing worker)", () => {
     });
     h.engine.startDispatching();
     h.engine.startFetching();
-    expect(await waitFor(() => h.calls.get("1") === 1, 2000)).toBe(true);
+    expect(await waitFor(() => h.calls.get("1") === 1, 30_000)).toBe(true);
     const first = h.table.rows.get("1");
     const stale = `1/${first?.token}`;
     expect(await takeover(h, [0], "ack")).toBeUndefined();
@@ -589,7 +589,7 @@ describe("engine model (in-memory lease store, competing worker)", () => {
     // The loop moves on to row 2 only after it dealt with row 1's outcome: by row 2's ack, a write for the
     // lost delivery would have been made.
     expect(
-      await waitFor(() => h.journal.events.some((e) => e.name === "acked" && e.payload.id === "2"), 2000),
+      await waitFor(() => h.journal.events.some((e) => e.name === "acked" && e.payload.id === "2"), 30_000),
     ).toBe(true);
     const result = await h.engine.shutdown(1000);
     expect(result).toEqual({ drained: true, released: 0, abandoned: [] });
@@ -619,7 +619,7 @@ describe("engine model (in-memory lease store, competing worker)", () => {
     });
     h.engine.startDispatching();
     h.engine.startFetching();
-    expect(await waitFor(() => h.calls.get("1") === 1 && h.engine.held >= 2, 2000)).toBe(true);
+    expect(await waitFor(() => h.calls.get("1") === 1 && h.engine.held >= 2, 30_000)).toBe(true);
     return { h, open };
   }
 
@@ -627,7 +627,7 @@ describe("engine model (in-memory lease store, competing worker)", () => {
     const { h, open } = await oneRunningRestQueued(6);
     // The gate opens once the hand-back landed: the running handler then finishes within the timeout.
     const stopping = h.engine.shutdown(5000);
-    expect(await waitFor(() => h.journal.events.some((e) => e.name === "released"), 2000)).toBe(true);
+    expect(await waitFor(() => h.journal.events.some((e) => e.name === "released"), 30_000)).toBe(true);
     open();
     const result = await stopping;
     expect(result.drained).toBe(true);
@@ -657,7 +657,7 @@ describe("engine model (in-memory lease store, competing worker)", () => {
     expect(
       await waitFor(
         () => h.journal.records.filter((r) => r.call === "release" && r.failed).length === 3,
-        3000,
+        30_000,
       ),
     ).toBe(true);
     open();
@@ -687,7 +687,7 @@ describe("engine model (in-memory lease store, competing worker)", () => {
     h.store.failNext("ack", 3);
     h.engine.startDispatching();
     h.engine.startFetching();
-    expect(await waitFor(() => h.table.rows.size === 0, 3000)).toBe(true);
+    expect(await waitFor(() => h.table.rows.size === 0, 30_000)).toBe(true);
     const result = await h.engine.shutdown(1000);
     expect(result).toEqual({ drained: true, released: 0, abandoned: [] });
     const acks = h.journal.records.filter((r) => r.call === "ack");

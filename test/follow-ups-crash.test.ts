@@ -160,7 +160,7 @@ describe("a worker killed between handler and ack", () => {
         ]);
         const runs = await n(`SELECT count(*)::int AS n FROM "${db.schema}".ledger`);
         expect(runs).toBe(committed ? 1 : 2);
-      }, 60_000);
+      }, 180_000);
     }
   }
 
@@ -208,5 +208,5 @@ describe("a worker killed between handler and ack", () => {
     const perParent = new Map(rows.map((r) => [r.parent as string, r.n as number]));
     expect(ids.filter((id) => perParent.get(id) !== 1)).toEqual([]);
     expect(perParent.size).toBe(300);
-  }, 60_000);
+  }, 180_000);
 });

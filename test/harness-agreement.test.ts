@@ -314,7 +314,7 @@ describe("the harness agrees with the worker on the same cases", () => {
     }
   });
 
-  it("runs every case through a real worker", { timeout: 60_000 }, async () => {
+  it("runs every case through a real worker", { timeout: 180_000 }, async () => {
     const seenBy = new Map<string, Seen>();
     const events = new Map<string, { transient: boolean; timedOut: boolean }>();
     const { logger, lines } = memoryLogger();

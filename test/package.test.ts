@@ -31,7 +31,7 @@ async function node(
   try {
     const { stdout, stderr } = await exec(process.execPath, args, {
       cwd: app,
-      timeout: 30_000,
+      timeout: 60_000,
       env: { ...process.env, ...env },
     });
     return { code: 0, stdout, stderr };

@@ -70,7 +70,7 @@ async function count(table: "messages" | "dead_letters"): Promise<number> {
 
 /** Wait until the worker has acknowledged every row (deleted, not dead-lettered). */
 async function untilAcked(what: string): Promise<void> {
-  await until(async () => (await count("messages")) === 0, what, 20_000);
+  await until(async () => (await count("messages")) === 0, what, 60_000);
   expect(await count("dead_letters"), "dead letters").toBe(0);
 }
 

@@ -127,7 +127,7 @@ async function drained(w: Observed, seen: Map<string, number>, ids: string[], qu
     await until(
       async () => ids.every((id) => seen.has(id)) && (await remaining(queue)) === 0,
       `${ids.length} rows handled and deleted`,
-      20_000,
+      60_000,
     );
   } catch (error) {
     const errors = w.loopErrors.slice(-3).map((e) => `${e.loop}: ${codeOf(e.error)} ${e.error.message}`);
@@ -281,7 +281,7 @@ describe.skipIf(tx.skip !== undefined)("PgBouncer, transaction mode", () => {
         OUTBOX_MAX_POLL_INTERVAL_MS: "200",
       });
       running.push(p);
-      await p.waitFor("outbox-worker running", 15_000);
+      await p.waitFor("outbox-worker running");
       await backlog("fast", 200);
       await until(async () => (await remaining("fast")) === 0, "200 rows delivered by the service").catch(
         (error: Error) => {
@@ -315,7 +315,7 @@ describe.skipIf(tx.skip !== undefined)("PgBouncer, transaction mode", () => {
         OUTBOX_MAX_POLL_INTERVAL_MS: "3600000",
       });
       running.push(p);
-      await p.waitFor("listener listening", 15_000);
+      await p.waitFor("listener listening");
       // Published through the pooler, as the app's producers do: the commit's NOTIFY reaches the direct listener.
       const producer = new pg.Client({ connectionString: url });
       await producer.connect();
@@ -326,7 +326,7 @@ describe.skipIf(tx.skip !== undefined)("PgBouncer, transaction mode", () => {
       } finally {
         await producer.end();
       }
-      await until(async () => (await remaining("fast")) === 0, "the row delivered on its wake-up", 20_000);
+      await until(async () => (await remaining("fast")) === 0, "the row delivered on its wake-up", 60_000);
       p.child.kill("SIGTERM");
       expect(await p.exited, p.output()).toEqual({ code: 0, signal: null });
       expect(p.output()).not.toContain(LISTEN_FALLBACK);
@@ -362,10 +362,10 @@ describe.skipIf(session.skip !== undefined)("PgBouncer, session mode", () => {
       queues: { [queue]: () => {} },
     });
     expect(w.listener).toEqual(["connecting", "listening"]);
-    await until(() => w.acked.has(primer), "the primer row, found by the first fetch", 20_000);
+    await until(() => w.acked.has(primer), "the primer row, found by the first fetch", 60_000);
 
     const id = await publishOne({ n: 1 });
-    await until(() => w.acked.has(id), "the row published after the first fetch, woken by NOTIFY", 20_000);
+    await until(() => w.acked.has(id), "the row published after the first fetch, woken by NOTIFY", 60_000);
     expect(w.loopErrors).toEqual([]);
     expect(w.warnings()).toEqual([]);
     expect(w.listener.at(-1)).toBe("listening");

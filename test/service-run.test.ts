@@ -228,13 +228,13 @@ describe("zero-setup run on the embedded Postgres", () => {
       OUTBOX_DATA_DIR: path.join(dir, "data"),
     };
     const first = run(["--handlers", HANDLERS], env, dir);
-    await first.waitFor("outbox-worker running", 60_000);
+    await first.waitFor("outbox-worker running", 120_000);
     first.child.kill("SIGKILL");
     await first.exited;
     const second = run(["--handlers", HANDLERS], env, dir);
-    await second.waitFor("outbox-worker running", 60_000);
+    await second.waitFor("outbox-worker running", 120_000);
     second.child.kill("SIGTERM");
     expect(await second.exited, second.output()).toEqual({ code: 0, signal: null });
     expect(second.output()).toContain("stopping a Postgres left running");
-  }, 120_000);
+  }, 300_000);
 });

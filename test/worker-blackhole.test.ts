@@ -150,11 +150,11 @@ describe("half-open connections", () => {
             )
           ).rows[0].n === 0,
         "the waiting row's lease runs out",
-        30_000,
+        60_000,
       );
       await db.pool.query(`GRANT DELETE ON ${db.names.messages} TO "${role}"`);
       // Writes work again: everything ends acked (a row leased again meanwhile is delivered again; none lost).
-      await until(async () => (await remaining()) === 0, "both rows acked once acks are allowed", 15_000);
+      await until(async () => (await remaining()) === 0, "both rows acked once acks are allowed", 60_000);
       await worker.stop({ timeoutMs: 2000 });
     } finally {
       await db.pool.query(`DROP OWNED BY "${role}"`);
@@ -181,7 +181,7 @@ describe("half-open connections", () => {
         await res.body?.cancel();
       }
       await publish("fast", 20);
-      await until(async () => (await remaining()) === 0, "rows delivered after the black-hole", 20_000);
+      await until(async () => (await remaining()) === 0, "rows delivered after the black-hole", 60_000);
     } finally {
       await service.stop();
     }

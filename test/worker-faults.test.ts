@@ -114,7 +114,7 @@ describe("database failures", () => {
     );
     expect(killed.rows[0].n).toBeGreaterThan(0);
     await publish("term", 50);
-    await until(async () => (await remaining()) === 0, "backlog drained after the kill", 20_000);
+    await until(async () => (await remaining()) === 0, "backlog drained after the kill", 60_000);
     expect(handled).toBeGreaterThanOrEqual(250);
   });
 

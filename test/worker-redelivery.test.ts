@@ -72,7 +72,7 @@ describe("a row this worker leases again after its own lease ran out", () => {
     expect(deliveries).toEqual([1, 2]);
     releaseFirst();
 
-    await until(async () => (await count("messages")) === 0, "the row acked", 15_000);
+    await until(async () => (await count("messages")) === 0, "the row acked", 60_000);
     expect(deliveries).toEqual([1, 2]);
     expect(await count("deadLetters")).toBe(0);
     expect(acked).toEqual([id]);
@@ -126,7 +126,7 @@ describe("a row this worker leases again after its own lease ran out", () => {
       );
       proxy.restore();
 
-      await until(async () => (await count("messages")) === 0, "every row acked", 20_000);
+      await until(async () => (await count("messages")) === 0, "every row acked", 60_000);
       // The DELETE is visible before the worker reports it: after a failed attempt it first reads the rows'
       // fate (did the lost answer carry this ack?), a round trip after the commit.
       await until(() => acked.size === ids.length, "every ack reported");

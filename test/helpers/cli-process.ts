@@ -44,7 +44,7 @@ export function startCli(args: string[], env: Record<string, string | undefined>
     child,
     output: () => out,
     exited,
-    waitFor(text, timeoutMs = 20_000) {
+    waitFor(text, timeoutMs = 60_000) {
       return new Promise((resolve, reject) => {
         const check = () => {
           const line = out.split("\n").find((l) => l.includes(text));

@@ -4,7 +4,7 @@ import type { WorkerOptions } from "../../src/worker/options.js";
 import { createWorker, type Worker } from "../../src/worker/worker.js";
 
 /** Wait until `check` holds, re-checking every few ms; fails with `what` after the timeout. */
-export async function until(check: () => boolean | Promise<boolean>, what: string, timeoutMs = 10_000) {
+export async function until(check: () => boolean | Promise<boolean>, what: string, timeoutMs = 30_000) {
   const deadline = Date.now() + timeoutMs;
   while (!(await check())) {
     if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for: ${what}`);
@@ -17,7 +17,7 @@ export function nextEvent<E>(
   worker: Worker,
   event: Parameters<Worker["on"]>[0],
   match: (e: E) => boolean = () => true,
-  timeoutMs = 10_000,
+  timeoutMs = 30_000,
 ): Promise<E> {
   return new Promise((resolve, reject) => {
     const timer = setTimeout(() => {

