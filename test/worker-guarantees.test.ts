@@ -76,13 +76,14 @@ describe("heartbeat", () => {
     const handled = ledger();
     const first = gate();
     const lost: unknown[] = [];
-    // A fetches once: an expired row could otherwise go back to A itself, not to the competitor.
+    // A fetches once: an expired row could otherwise go back to A itself, not to the competitor. Renewed
+    // every 300 ms for 3 s: a renewal may come well over a second late on a busy machine and be in time.
     const a = await workers.start({
       ...fetchOnce,
       concurrency: 1,
       batchSize: 10,
-      leaseTtlMs: 1000,
-      heartbeatMs: 200,
+      leaseTtlMs: 3000,
+      heartbeatMs: 300,
       queues: {
         warm: () => {},
         buffered: async (_p, m) => {
@@ -98,12 +99,12 @@ describe("heartbeat", () => {
     // A probe that B can lease only once every lease A took has run past its TTL, had it not been renewed.
     await db.pool.query(
       `INSERT INTO ${db.names.messages} (queue, payload, available_at)
-       SELECT 'probe', '{}', max(acquired_at) + interval '1100 milliseconds' FROM ${db.names.messages}`,
+       SELECT 'probe', '{}', max(acquired_at) + interval '3100 milliseconds' FROM ${db.names.messages}`,
     );
     let probed = false;
     const b = await workers.start({
-      leaseTtlMs: 1000,
-      heartbeatMs: 200,
+      leaseTtlMs: 3000,
+      heartbeatMs: 300,
       queues: {
         buffered: (_p, m) => void handled.add(m.id, "b"),
         probe: () => {

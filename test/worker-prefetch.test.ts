@@ -27,19 +27,21 @@ describe("prefetch with slow handlers", () => {
       ),
     );
     const handler = (ms: number) => () => new Promise<void>((resolve) => setTimeout(resolve, ms));
-    const a = await workers.start({ workerId: "a", concurrency: 4, queues: { slow: handler(400) } });
+    // A second per handler: rows a worker keeps ahead grow with its fetch's round trip over the handler's
+    // time, and a busy machine's round trips must not make that more than one.
+    const a = await workers.start({ workerId: "a", concurrency: 4, queues: { slow: handler(1000) } });
     // Let a's first handlers finish, so it knows how long they take.
     await until(
       async () =>
         (await db.pool.query(`SELECT count(*)::int AS n FROM ${db.names.messages}`)).rows[0].n <= 20,
       "a's first handlers done",
-      5000,
+      60_000,
     );
     await until(() => a.held >= 4, "a busy again");
     const heldByA = a.held;
 
-    const b = await workers.start({ workerId: "b", concurrency: 4, queues: { slow: handler(400) } });
-    await until(() => b.held >= 4, "b got rows while a was busy", 5000);
+    const b = await workers.start({ workerId: "b", concurrency: 4, queues: { slow: handler(1000) } });
+    await until(() => b.held >= 4, "b got rows while a was busy");
     const leases = await leasedBy();
     // a: its 4 running handlers plus at most a couple queued; never the whole backlog.
     expect(heldByA).toBeLessThanOrEqual(4 + 2);
@@ -49,7 +51,7 @@ describe("prefetch with slow handlers", () => {
       async () =>
         (await db.pool.query(`SELECT count(*)::int AS n FROM ${db.names.messages}`)).rows[0].n === 0,
       "all delivered",
-      10_000,
+      60_000,
     );
   });
 
@@ -80,7 +82,7 @@ describe("prefetch with slow handlers", () => {
       async () =>
         (await db.pool.query(`SELECT count(*)::int AS n FROM ${db.names.messages}`)).rows[0].n === 0,
       "all delivered",
-      10_000,
+      60_000,
     );
   });
 });

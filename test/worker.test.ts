@@ -115,7 +115,7 @@ describe("delivery", () => {
     const got: string[] = [];
     const worker = await workers.start({ listen: false, queues: { sqlq: (_p, m) => void got.push(m.id) } });
     await db.pool.query(`INSERT INTO ${db.names.messages} (queue, payload) VALUES ('sqlq', '{}')`);
-    await nextEvent(worker, "acked", undefined, 5000);
+    await nextEvent(worker, "acked");
     expect(got).toHaveLength(1);
   });
 
@@ -434,9 +434,11 @@ describe("lease fencing", () => {
     await publishRows("slow", 1);
     let runs = 0;
     let probed = false;
+    // Renewed every 300 ms for 3 s: a renewal may come well over a second late on a busy machine and
+    // still be in time.
     const slowWorker = await workers.start({
-      leaseTtlMs: 1000,
-      heartbeatMs: 200,
+      leaseTtlMs: 3000,
+      heartbeatMs: 300,
       queues: {
         slow: async () => {
           runs++;
@@ -450,12 +452,12 @@ describe("lease fencing", () => {
     // fetch would have taken the slow row too, had the heartbeat not renewed it.
     await db.pool.query(
       `INSERT INTO ${db.names.messages} (queue, payload, available_at)
-       SELECT 'probe', '{}', acquired_at + interval '1100 milliseconds' FROM ${db.names.messages}`,
+       SELECT 'probe', '{}', acquired_at + interval '3100 milliseconds' FROM ${db.names.messages}`,
     );
     // A second worker polls the same queue the whole time, ready to take an expired lease.
     await workers.start({
-      leaseTtlMs: 1000,
-      heartbeatMs: 200,
+      leaseTtlMs: 3000,
+      heartbeatMs: 300,
       queues: {
         slow: () => void runs++,
         probe: () => {
@@ -463,7 +465,7 @@ describe("lease fencing", () => {
         },
       },
     });
-    await nextEvent(slowWorker, "acked", undefined, 10_000);
+    await nextEvent(slowWorker, "acked");
     expect(runs).toBe(1);
   });
 
