@@ -9,6 +9,8 @@ export default defineConfig({
     // processes or starts servers on a busy 2-core machine (six CPU hogs beside the run) is slow, not failed.
     testTimeout: 120_000,
     hookTimeout: 120_000,
+    // expect.poll waits on a condition; its default of 1 s is a wall-clock bound in disguise.
+    expect: { poll: { timeout: 30_000 } },
     // The global teardown stops the embedded server, whose own stop timeout is 15 s.
     teardownTimeout: 30_000,
     pool: "forks",

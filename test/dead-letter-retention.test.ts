@@ -165,7 +165,7 @@ describe("dead-letter retention", () => {
         lockedId,
       ]);
 
-      const run = await within(job.runOnce(), 5000, "retention run with a locked dead letter");
+      const run = await within(job.runOnce(), 30_000, "retention run with a locked dead letter");
       expect(run.error).toBeUndefined();
       expect(run.deleted).toBe(4);
       expect(await remainingIds(schema)).toEqual([lockedId, ...recent].sort());
@@ -185,7 +185,7 @@ describe("dead-letter retention", () => {
     const jobs = [1, 2, 3].map(() => retention({ schema, batchSize: 4 }));
     const runs = await within(
       Promise.all(jobs.map((j) => j.runOnce())),
-      10_000,
+      30_000,
       "three replicas' retention runs",
     );
     expect(runs.map((r) => r.error)).toEqual([undefined, undefined, undefined]);
@@ -231,7 +231,7 @@ describe("dead-letter retention", () => {
     });
     const run = job.runOnce();
     await until(() => deleted === 1, "the first batch");
-    await within(job.stop(), 5000, "stop during the pause between batches");
+    await within(job.stop(), 60_000, "stop during the pause between batches");
     expect(await run).toMatchObject({ deleted: 1, batches: 1 });
     expect(await remainingIds(schema)).toEqual(old.slice(1));
   });
@@ -303,7 +303,7 @@ describe("deadLetterRetentionMs config", () => {
         intervalMs: 60_000,
       });
     } finally {
-      await within(service.stop(), 10_000, "service stop");
+      await within(service.stop(), 60_000, "service stop");
     }
   });
 });
