@@ -456,7 +456,9 @@ async function explainStatements(
   const checks: PlanCheck[] = [];
   const client = await pool.connect();
   try {
-    await client.query(`PREPARE lease(text[], int, uuid, double precision, text, text[]) AS ${fetchSql}`);
+    await client.query(
+      `PREPARE lease(text[], int, uuid, double precision, text, text[], bigint) AS ${fetchSql}`,
+    );
     await client.query(`PREPARE ack(bigint[], uuid[]) AS ${ackSql}`);
 
     for (const mode of ["custom", "generic"] as const) {
@@ -464,7 +466,7 @@ async function explainStatements(
       await client.query("BEGIN");
       const token = randomUUID();
       const lease = await client.query(
-        `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE lease('{${QUEUE}}', 500, '${token}', 30000, 'explain', '{}')`,
+        `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE lease('{${QUEUE}}', 500, '${token}', 30000, 'explain', '{}', ${Number.MAX_SAFE_INTEGER})`,
       );
       const fetchPlan = lease.rows[0]["QUERY PLAN"][0];
       // Lease 500 more for real (in the same transaction) and explain deleting them, fenced by token.

@@ -32,9 +32,10 @@ leaseStoreContract("postgres", (): LeaseStoreHarness => {
       cleared = true;
       const { rows } = await db.pool.query<{ id: string }>(
         `INSERT INTO ${m} (queue, payload, available_at, key)
-         SELECT $1, '{}', now() + $3::double precision * interval '1 millisecond', $4 FROM generate_series(1, $2)
+         SELECT $1, CASE WHEN $5::int IS NULL THEN '{}' ELSE jsonb_build_object('p', repeat('x', $5)) END,
+                now() + $3::double precision * interval '1 millisecond', $4 FROM generate_series(1, $2)
          RETURNING id::text`,
-        [queue, n, options.delayMs ?? 0, options.key ?? null],
+        [queue, n, options.delayMs ?? 0, options.key ?? null, options.padding ?? null],
       );
       return rows.map((r) => r.id);
     },
@@ -90,8 +91,9 @@ leaseStoreContract("memory", (): LeaseStoreHarness => {
   const table = new MemoryTable(() => clock);
   return {
     store: (options = {}) => new MemoryLeaseStore(table, { ...DEFAULTS, ...options, queues: QUEUES }),
-    async insert(queue, n, options) {
-      return Array.from({ length: n }, () => table.insert(queue, {}, options));
+    async insert(queue, n, options = {}) {
+      const payload = options.padding === undefined ? {} : { p: "x".repeat(options.padding) };
+      return Array.from({ length: n }, () => table.insert(queue, payload, options));
     },
     async expireLeases() {
       for (const row of table.rows.values()) if (row.token !== null) row.leaseExpiresAt = clock - 1;

@@ -131,7 +131,7 @@ export class MemoryLeaseStore implements LeaseStore {
     return row !== undefined && row.token === d.token ? row : undefined;
   }
 
-  async lease(limit: number) {
+  async lease(limit: number, maxBytes = Number.POSITIVE_INFINITY) {
     const now = this.#table.now();
     const token = randomUUID();
     this.tokens.push(token);
@@ -147,6 +147,15 @@ export class MemoryLeaseStore implements LeaseStore {
       )
       .sort((a, b) => a.availableAt - b.availableAt || Number(a.id) - Number(b.id))
       .slice(0, limit);
+    // As the fetch statement: a running sum of payload sizes, the first row always taken.
+    let bytes = 0;
+    let taken = 0;
+    for (const r of due) {
+      bytes += r.payload.length;
+      if (taken > 0 && bytes > maxBytes) break;
+      taken++;
+    }
+    due.length = taken;
     return { token, rows: due.map((r) => this.#take(r, token, now)) };
   }
 

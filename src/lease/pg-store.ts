@@ -420,12 +420,13 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
   const held = <W extends { held: Delivery }>(writes: readonly W[]) => writes.map((w) => w.held);
 
   return {
-    async lease(limit) {
+    async lease(limit, maxBytes) {
       const token = randomUUID();
       const rows = await query(leaseSql, {
         queues,
         unorderedQueues,
         limit,
+        maxBytes,
         token,
         leaseTtlMs: options.leaseTtlMs,
         workerId: options.workerId,

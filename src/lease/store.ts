@@ -77,8 +77,12 @@ export interface Landed {
  * suite runs against both).
  */
 export interface LeaseStore {
-  /** Lease up to `limit` due rows (unleased, or whose lease expired) of the worker's queues, oldest first. */
-  lease(limit: number): Promise<Lease>;
+  /**
+   * Lease up to `limit` due rows (unleased, or whose lease expired) of the worker's queues, oldest first,
+   * stopping before their payloads sum past `maxBytes` (the first row is always taken: one larger than the
+   * budget is still delivered). Postgres counts a payload's stored size, the memory store its text length.
+   */
+  lease(limit: number, maxBytes?: number): Promise<Lease>;
   /**
    * Delete the rows. Removing a key's head makes the key's oldest row left its head; up to `handOff` of
    * those that are due are leased to the caller at once (`Landed.handedOff`), saving a fetch each.

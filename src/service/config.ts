@@ -180,6 +180,8 @@ const TUNING_DESCRIPTIONS: Record<keyof typeof workerTuningShape, string> = {
   concurrency: "handlers running at once",
   batchSize:
     "most rows one fetch leases: it starts at max(concurrency, 10) and doubles while fetches come back full",
+  maxHeldBytes:
+    "most payload bytes fetched and held (queued and running), plus one row: a larger row is still delivered",
   leaseTtlMs: "lease length; a crashed worker's rows are retried after it",
   heartbeatMs: "lease renewal period (default a third of leaseTtlMs, at most half)",
   minPollIntervalMs:
@@ -194,7 +196,8 @@ const TUNING_DESCRIPTIONS: Record<keyof typeof workerTuningShape, string> = {
   handlerTimeoutMs: "run time after which a handler is aborted and its attempt fails (timeout)",
   poolSize:
     "the worker's database connections (the service adds 2, 3 with deadLetterRetentionMs; LISTEN takes 1 more)",
-  maxDeliveries: "deliveries ending without an outcome (crash, lost lease) before a row is dead-lettered as max_deliveries",
+  maxDeliveries:
+    "deliveries ending without an outcome (crash, lost lease) before a row is dead-lettered as max_deliveries",
   maxAttempts: "failures (transient ones excluded) before retries_exhausted",
   completionBatchSize: "outcomes written per statement at most",
   completionWindowMs: "how long outcomes gather before a write",

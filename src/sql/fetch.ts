@@ -23,6 +23,12 @@ export interface LeaseParams {
   /** The subset of `queues` that opted out of per-key ordering: their rows waiting behind a key's head are due too. */
   unorderedQueues?: readonly string[];
   limit: number;
+  /**
+   * Stop before the payloads leased sum past this many bytes, as stored (`pg_column_size`: read from the
+   * row, no detoasting; compressed payloads count their compressed size). The first row is always taken, so
+   * one larger than the budget is still delivered. Unset: no byte bound.
+   */
+  maxBytes?: number;
   token: string;
   leaseTtlMs: number;
   workerId: string;
@@ -42,6 +48,9 @@ export interface LeaseParams {
  * SKIP LOCKED lets concurrent workers take disjoint rows without waiting on each other. The picked ids come
  * back as an array so the UPDATE finds them by primary key: joining the CTE instead lets a generic plan
  * choose a hash join over a full scan of the table.
+ *
+ * Bytes: the picked rows end at a running sum of their stored payload sizes (`maxBytes`), so one fetch of
+ * 1 MB rows never asks the driver for 500 MB; reading the size is cheap, converting jsonb to text is not.
  */
 export function fetchStatement(
   names: OutboxNames,
@@ -52,36 +61,41 @@ export function fetchStatement(
   return defineQuery(
     "lease",
     `WITH ${cte === "" ? "" : `${cte}, `}expired AS (
-  SELECT c.id, c.available_at FROM unnest($1::text[]) AS q(queue)
+  SELECT c.id, c.available_at, c.bytes FROM unnest($1::text[]) AS q(queue)
   CROSS JOIN LATERAL (
-    SELECT id, available_at FROM ${m}
+    SELECT id, available_at, pg_column_size(payload) AS bytes FROM ${m}
     WHERE queue = q.queue AND acquired_token IS NOT NULL AND lease_expires_at <= now()
     ORDER BY lease_expires_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
   ) AS c
 ), ready AS (
-  SELECT c.id, c.available_at FROM unnest($1::text[]) AS q(queue)
+  SELECT c.id, c.available_at, c.bytes FROM unnest($1::text[]) AS q(queue)
   CROSS JOIN LATERAL (
-    SELECT id, available_at FROM ${m}
+    SELECT id, available_at, pg_column_size(payload) AS bytes FROM ${m}
     WHERE queue = q.queue AND acquired_token IS NULL AND head AND available_at <= now()
     ORDER BY available_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
   ) AS c
 ), waiting AS (
-  SELECT c.id, c.available_at FROM unnest($6::text[]) AS q(queue)
+  SELECT c.id, c.available_at, c.bytes FROM unnest($6::text[]) AS q(queue)
   CROSS JOIN LATERAL (
-    SELECT id, available_at FROM ${m}
+    SELECT id, available_at, pg_column_size(payload) AS bytes FROM ${m}
     WHERE queue = q.queue AND acquired_token IS NULL AND NOT head AND available_at <= now()
     ORDER BY available_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
   ) AS c
 ), picked AS (
-  SELECT id FROM (SELECT * FROM expired UNION ALL SELECT * FROM ready UNION ALL SELECT * FROM waiting) AS candidates
-  ORDER BY available_at, id
-  LIMIT $2
+  SELECT id FROM (
+    SELECT id, row_number() OVER w AS n, sum(bytes) OVER w AS running
+    FROM (SELECT * FROM expired UNION ALL SELECT * FROM ready UNION ALL SELECT * FROM waiting) AS candidates
+    WINDOW w AS (ORDER BY available_at, id ROWS UNBOUNDED PRECEDING)
+    ORDER BY available_at, id
+    LIMIT $2
+  ) AS sized
+  WHERE n = 1 OR running <= $7::bigint
 )
 UPDATE ${m} AS t
 SET acquired_token = $3::uuid,
@@ -92,6 +106,14 @@ SET acquired_token = $3::uuid,
     deliveries_count = LEAST(t.deliveries_count, 2147483646) + 1${cte === "" ? "" : "\nFROM settings"}
 WHERE t.id = ANY (ARRAY(SELECT id FROM picked))
 RETURNING ${LEASED_COLUMNS}`,
-    (p) => [p.queues, p.limit, p.token, p.leaseTtlMs, p.workerId, p.unorderedQueues ?? []],
+    (p) => [
+      p.queues,
+      p.limit,
+      p.token,
+      p.leaseTtlMs,
+      p.workerId,
+      p.unorderedQueues ?? [],
+      p.maxBytes ?? Number.MAX_SAFE_INTEGER,
+    ],
   );
 }

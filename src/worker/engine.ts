@@ -7,6 +7,7 @@ import { Fetcher } from "../fetch/fetcher.js";
 import { type HeldRow, heldRows, isLive, lose, settle } from "../lease/held.js";
 import type { LeaseStore } from "../lease/store.js";
 import type { LeasePhase, WorkerEmitter } from "./events.js";
+import { HeldSet, payloadBytes } from "./held-set.js";
 import type { LoopHealth } from "./loop-health.js";
 import type { ResolvedOptions } from "./options.js";
 
@@ -50,6 +51,13 @@ const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve,
 /** A completion waiting this long on a producer of its key is logged (warn), once. */
 const LONG_WAIT_MS = 10_000;
 
+/**
+ * A fetch's round trip counts for the prefetch estimate as if it had carried at most this many payload
+ * bytes. Beyond that its time grows with its bytes (Postgres turns about 30 MB/s of jsonb into text): rows
+ * kept locally cannot hide that, and counting it would make the next fetch bigger, and slower, still.
+ */
+const FETCH_TIME_BYTES = 2 ** 20;
+
 /** True if `promise` settles within `ms`. The timer is cleared either way, so it never holds the process open. */
 export async function within(promise: Promise<unknown>, ms: number): Promise<boolean> {
   let timer: NodeJS.Timeout | undefined;
@@ -70,8 +78,9 @@ export function createEngine(deps: EngineDeps): Engine {
   const capacity = 2 * Math.max(options.batchSize, options.concurrency);
   // Deliveries, not rows: after its own lease ran out this worker can hold the same row twice (the old
   // delivery still running, the new one leased again). Keyed by the object, a late outcome or cleanup of
-  // the old one can never remove the new one's entry (which would stop its heartbeat).
-  const held = new Set<HeldRow>();
+  // the old one can never remove the new one's entry (which would stop its heartbeat). Their payload bytes
+  // are bounded too (maxHeldBytes): rows of a megabyte must not be held by the hundred.
+  const held = new HeldSet();
   const queue = new LocalQueue<HeldRow>(capacity);
 
   /** A write or a renewal found another token on the row: the newer owner wins, this delivery is dropped. */
@@ -118,8 +127,9 @@ export function createEngine(deps: EngineDeps): Engine {
     handOff: {
       // No room to find: the rows handed off replace the heads completed, one for one (at most one new head
       // per keyed delivery), so they take slots those rows held, and the held count does not grow.
-      // A stopping worker takes no new rows: the next message of the key is left for the others.
-      reserve: (upTo) => (stopping ? 0 : upTo),
+      // A stopping worker takes no new rows: the next message of the key is left for the others; nor does
+      // one whose byte budget is spent (a fetch takes those rows once it has room).
+      reserve: (upTo) => (stopping || held.bytes >= options.maxHeldBytes ? 0 : upTo),
       settle: (_reserved, lease) => {
         if (lease !== undefined) take(heldRows(lease.token, lease.rows));
       },
@@ -139,8 +149,13 @@ export function createEngine(deps: EngineDeps): Engine {
     onFatal: deps.onFatal,
   });
 
-  // Round trip of the last leases (moving average, ms): how long a row takes to arrive once asked for.
+  // Round trip of the last leases (moving average, ms, each counted up to FETCH_TIME_BYTES): how long a row
+  // takes to arrive once asked for.
   let fetchMs = 1;
+  // Payload bytes of a row, as recent fetches brought them (unknown before the first): a fetch asks for no
+  // more rows than fit in the byte budget left, whatever the statement's cut counted (a compressed
+  // payload's stored size is far below its text).
+  let rowBytes: number | undefined;
   // Room promised to the fetch in flight: not free for the next.
   let fetchReserved = 0;
   let stopping = false;
@@ -164,7 +179,25 @@ export function createEngine(deps: EngineDeps): Engine {
         : Math.ceil((options.concurrency * (2 * fetchMs + 1)) / Math.max(handlerMs, 0.001));
     // Counted over every held row not yet completing: queued, handed to a loop but not started, running.
     const active = held.size - completer.pending;
-    return Math.min(room, Math.max(0, options.concurrency + soon - active));
+    return Math.min(room, Math.max(0, options.concurrency + soon - active), rowsInBudget());
+  }
+
+  /** Rows of the recent size that fit in the byte budget left; at least one while nothing is held. */
+  function rowsInBudget(): number {
+    const left = options.maxHeldBytes - held.bytes;
+    // Size unknown yet: the statement's cut alone.
+    if (rowBytes === undefined) return left > 0 ? capacity : 0;
+    const fit = Math.floor(left / rowBytes);
+    return held.size === 0 ? Math.max(1, fit) : fit;
+  }
+
+  /** A fetch brought `bytes` in `rows` rows: learn the row size (up at once, down slowly) and the round trip. */
+  function fetched(rows: number, bytes: number, ms: number): void {
+    if (rows > 0) {
+      const mean = bytes / rows;
+      rowBytes = rowBytes === undefined ? mean : Math.max(mean, rowBytes * 0.8 + mean * 0.2);
+    }
+    fetchMs = fetchMs * 0.8 + ms * Math.min(1, FETCH_TIME_BYTES / Math.max(1, bytes)) * 0.2;
   }
 
   const fetcher = new Fetcher<HeldRow>({
@@ -181,8 +214,12 @@ export function createEngine(deps: EngineDeps): Engine {
       const started = performance.now();
       fetchReserved = limit;
       try {
-        const lease = await store.lease(limit);
-        fetchMs = fetchMs * 0.8 + (performance.now() - started) * 0.2;
+        // The statement stops at the bytes left. It always takes one row, so a row larger than the budget
+        // is still delivered: what is held can pass the budget by that one row.
+        const lease = await store.lease(limit, Math.max(1, options.maxHeldBytes - held.bytes));
+        let bytes = 0;
+        for (const row of lease.rows) bytes += payloadBytes(row);
+        fetched(lease.rows.length, bytes, performance.now() - started);
         health.recovered("fetch");
         return heldRows(lease.token, lease.rows);
       } finally {

@@ -17,6 +17,13 @@ const positiveMs = (max: number) => z.number().int().positive().max(max);
 export const workerTuningShape = {
   concurrency: z.number().int().min(1).max(10_000).default(10),
   batchSize: z.number().int().min(1).max(10_000).default(500),
+  // Payload bytes fetched and held (queued, running, completing): 500 rows of 1 MB must not be one fetch.
+  maxHeldBytes: z
+    .number()
+    .int()
+    .min(65_536, "must be at least 65536 (64 KiB)")
+    .max(2 ** 40, "must be at most 2^40 (1 TiB)")
+    .default(32 * 2 ** 20),
   leaseTtlMs: z.number().int().min(1000).max(86_400_000).default(30_000),
   heartbeatMs: positiveMs(43_200_000).optional(),
   minPollIntervalMs: positiveMs(3_600_000).default(100),

@@ -12,8 +12,15 @@ export interface LeaseStoreHarness {
     maxErrorLength?: number;
     unorderedQueues?: string[];
   }): LeaseStore;
-  /** `n` new rows in `queue`, due now unless delayed, all with `key` if given; ids in insertion (= age) order. */
-  insert(queue: string, n: number, options?: { delayMs?: number; key?: string }): Promise<string[]>;
+  /**
+   * `n` new rows in `queue`, due now unless delayed, all with `key` if given; ids in insertion (= age) order.
+   * `padding`: the payload is `{"p": "xxx…"}` with that many x (small enough to be stored uncompressed).
+   */
+  insert(
+    queue: string,
+    n: number,
+    options?: { delayMs?: number; key?: string; padding?: number },
+  ): Promise<string[]>;
   /** Every lease ends now (as if its holder stalled past its TTL). */
   expireLeases(): Promise<void>;
   /** Every scheduled row is due now. */
@@ -68,6 +75,17 @@ export function leaseStoreContract(name: string, harness: () => LeaseStoreHarnes
       expect(second.token).not.toBe(first.token);
       expect((await h.row(a[0] ?? ""))?.token).toBe(first.token);
       expect((await store.lease(10)).rows).toEqual([]);
+    });
+
+    it("a lease stops before its payloads sum past maxBytes, and always takes its first row", async () => {
+      const h = harness();
+      const store = h.store();
+      const ids = await h.insert("a", 4, { padding: 1000 });
+      // About 1,010 bytes each (text or stored): two fit in 2,500, a third would not.
+      expect((await store.lease(10, 2500)).rows.map((r) => r.id)).toEqual(ids.slice(0, 2));
+      // A budget smaller than one row still delivers that row, alone.
+      expect((await store.lease(10, 10)).rows.map((r) => r.id)).toEqual(ids.slice(2, 3));
+      expect((await store.lease(10)).rows.map((r) => r.id)).toEqual(ids.slice(3));
     });
 
     it("per-key order: only a key's head is leased; ack or dead-letter hands on to the next, retry does not", async () => {

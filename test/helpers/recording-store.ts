@@ -103,9 +103,9 @@ export class RecordingStore implements LeaseStore {
     return true;
   }
 
-  async lease(limit: number): Promise<Lease> {
+  async lease(limit: number, maxBytes?: number): Promise<Lease> {
     if (this.#injected("lease", [])) throw new Error("injected database error (lease)");
-    return this.#recordLease(await this.inner.lease(limit));
+    return this.#recordLease(await this.inner.lease(limit, maxBytes));
   }
 
   #recordLease(lease: Lease): Lease {
