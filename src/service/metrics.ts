@@ -94,6 +94,12 @@ export function createMetrics(opts: MetricsOptions): Metrics {
     buckets: DURATION_BUCKETS,
     registers,
   });
+  const blocked = new Histogram({
+    name: "outbox_event_loop_blocked_seconds",
+    help: "Times the event loop was blocked long enough to delay lease renewals, by how long.",
+    buckets: [0.1, 0.5, 1, 5, 10, 30, 60],
+    registers,
+  });
   const listener = gauge("outbox_listener_state", "1 for the LISTEN connection's current state.", ["state"]);
   for (const state of LISTENER_STATES) listener.set({ state }, 0);
 
@@ -228,6 +234,7 @@ export function createMetrics(opts: MetricsOptions): Metrics {
       worker.on("handler_timeout", (e) => timeouts.inc({ queue: e.queue })),
       worker.on("loop_error", (e) => loopErrors.inc({ loop: e.loop })),
       worker.on("released", (e) => released.inc(e.count)),
+      worker.on("event_loop_blocked", (e) => blocked.observe(e.blockedMs / 1000)),
       worker.on("listener", (e) => {
         for (const state of LISTENER_STATES) listener.set({ state }, state === e.state ? 1 : 0);
       }),

@@ -28,6 +28,8 @@ export interface WorkerEvents {
   listener: { state: ListenerState; detail?: string };
   loop_error: { loop: LoopName; error: Error; consecutive: number };
   drain_timeout: { abandoned: string[] };
+  /** The event loop was blocked this long (a synchronous handler?): no lease was renewed meanwhile. */
+  event_loop_blocked: { blockedMs: number };
   fatal: { error: Error };
   stopped: { drained: boolean };
 }

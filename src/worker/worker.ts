@@ -6,6 +6,7 @@ import { outboxNames } from "../sql/names.js";
 import { redactConnectionString, registerUrlSecrets } from "../util/redact.js";
 import { createEngine, type StopResult, within } from "./engine.js";
 import { WorkerEmitter, type WorkerEventName, type WorkerEvents } from "./events.js";
+import { EventLoopWatch } from "./event-loop-watch.js";
 import { KeyHeadRepair } from "./key-head-repair.js";
 import { LoopHealth } from "./loop-health.js";
 import { type ResolvedOptions, resolveWorkerOptions, type WorkerOptions } from "./options.js";
@@ -120,6 +121,27 @@ export function createWorker(input: WorkerOptions): Worker {
     log,
   });
 
+  // A blocked loop renews nothing: past the lease, another worker may start the same rows. Said at once.
+  const loopWatch = new EventLoopWatch({
+    tickMs: 100,
+    thresholdMs: Math.max(100, Math.min(1000, options.heartbeatMs / 2)),
+    onBlocked: (blockedMs) => {
+      const context = { blockedMs, heartbeatMs: options.heartbeatMs, leaseTtlMs: options.leaseTtlMs };
+      if (blockedMs >= options.leaseTtlMs) {
+        log.error(
+          context,
+          "the event loop was blocked for longer than the lease (a synchronous handler?): its leases may have run out, and another worker may run those messages too",
+        );
+      } else {
+        log.warn(
+          context,
+          "the event loop was blocked (a synchronous handler?): no lease was renewed meanwhile",
+        );
+      }
+      emitter.emit("event_loop_blocked", { blockedMs });
+    },
+  });
+
   async function start(): Promise<void> {
     if (state !== "new") throw new Error(`worker cannot start: it is ${state}`);
     state = "running";
@@ -155,6 +177,7 @@ export function createWorker(input: WorkerOptions): Worker {
       },
       "worker starting",
     );
+    loopWatch.start();
     engine.startDispatching();
     if (options.listen) {
       const connectionString =
@@ -202,6 +225,7 @@ export function createWorker(input: WorkerOptions): Worker {
     // The listener stops alongside the fetcher: no wake-up matters any more.
     const result = await engine.shutdown(timeoutMs, notifier?.stop());
     await keyHeadRepair.stop();
+    loopWatch.stop();
     if (ownsPool) await within(pool?.end().catch(() => {}) ?? Promise.resolve(), Math.max(1000, timeoutMs));
     return result;
   }
