@@ -14,10 +14,10 @@ async function explain(queues: string[], limit: number): Promise<string> {
   try {
     const text = fetchStatement(db.names, { synchronousCommit: false }).statement.text;
     await client.query("SET plan_cache_mode = force_generic_plan");
-    await client.query(`PREPARE lease(text[], int, uuid, double precision, text, text[], bigint) AS ${text}`);
+    await client.query(`PREPARE lease(text[], int, uuid, double precision, text, text[], bigint, uuid[]) AS ${text}`);
     await client.query("BEGIN");
     const { rows } = await client.query(
-      `EXPLAIN (ANALYZE, COSTS OFF) EXECUTE lease('{${queues.join(",")}}', ${limit}, '${randomUUID()}', 30000, 'explain', '{}', ${Number.MAX_SAFE_INTEGER})`,
+      `EXPLAIN (ANALYZE, COSTS OFF) EXECUTE lease('{${queues.join(",")}}', ${limit}, '${randomUUID()}', 30000, 'explain', '{}', ${Number.MAX_SAFE_INTEGER}, '{${randomUUID()}}')`,
     );
     return rows.map((r) => r["QUERY PLAN"]).join("\n");
   } finally {
@@ -138,8 +138,8 @@ describe(`per-key ordering with one hot key of ${HOT} rows and ${OTHER_KEYS} oth
     const text = fetchStatement(hot.names, { synchronousCommit: false }).statement.text;
     const plan = await explainHot(
       text,
-      "text[], int, uuid, double precision, text, text[], bigint",
-      `'{q}', 500, '${randomUUID()}', 30000, 'explain', '{}', ${Number.MAX_SAFE_INTEGER}`,
+      "text[], int, uuid, double precision, text, text[], bigint, uuid[]",
+      `'{q}', 500, '${randomUUID()}', 30000, 'explain', '{}', ${Number.MAX_SAFE_INTEGER}, '{${randomUUID()}}'`,
     );
     expect(plan).toMatch(/Index Scan using messages_head_ready_idx on messages/);
     expect(plan).not.toMatch(/Seq Scan|Bitmap Heap Scan/);

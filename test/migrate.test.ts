@@ -11,6 +11,7 @@ import { outboxNames } from "../src/sql/names.js";
 import { testDatabase } from "./helpers/database.js";
 import { shippedMigrationsUpTo } from "./helpers/migrations.js";
 import { testTempDir } from "./helpers/temp-dir.js";
+import { until } from "./helpers/worker.js";
 
 const db = testDatabase("mig");
 
@@ -170,7 +171,8 @@ describe("migrate", () => {
       const waiting = async () =>
         (await db.pool.query("SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", [pid])).rows[0]
           ?.wait_event_type === "Lock";
-      for (let i = 0; i < 200 && !(await waiting()); i++) await new Promise((r) => setTimeout(r, 10));
+      // Cancelled while it waits for the holder, after its catalog entry exists: what leaves it INVALID.
+      await until(waiting, "the concurrent build waiting for the holder's snapshot");
       await db.pool.query("SELECT pg_cancel_backend($1)", [pid]);
       expect(String(await build)).toMatch(/cancel/);
       await holder.query("ROLLBACK");

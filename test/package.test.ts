@@ -303,7 +303,7 @@ describe("the built CLI as the Docker image runs it", () => {
       child.once("exit", (code) => reject(new Error(`run exited (${code}) before listening:\n${output}`)));
     });
     // The listener connects just after the server listens: wait for ready through the endpoint itself.
-    const deadline = Date.now() + 20_000;
+    const deadline = Date.now() + 60_000;
     while ((await fetch(`http://127.0.0.1:${port}/readyz`).then((r) => r.status)) !== 200) {
       if (Date.now() > deadline) throw new Error(`/readyz never answered 200:\n${output}`);
       await new Promise((r) => setTimeout(r, 50));

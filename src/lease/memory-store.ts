@@ -131,19 +131,20 @@ export class MemoryLeaseStore implements LeaseStore {
     return row !== undefined && row.token === d.token ? row : undefined;
   }
 
-  async lease(limit: number, maxBytes = Number.POSITIVE_INFINITY) {
+  async lease(limit: number, maxBytes = Number.POSITIVE_INFINITY, keep: readonly string[] = []) {
     const now = this.#table.now();
     const token = randomUUID();
     this.tokens.push(token);
     const queues = new Set(this.#options.queues);
     const unordered = new Set(this.#options.unorderedQueues);
+    const kept = new Set(keep);
     const due = [...this.#table.rows.values()]
       .filter(
         (r) =>
           queues.has(r.queue) &&
           (r.token === null
             ? r.availableAt <= now && (r.head || unordered.has(r.queue))
-            : (r.leaseExpiresAt ?? 0) <= now),
+            : (r.leaseExpiresAt ?? 0) <= now && !kept.has(r.token)),
       )
       .sort((a, b) => a.availableAt - b.availableAt || Number(a.id) - Number(b.id))
       .slice(0, limit);

@@ -420,13 +420,14 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
   const held = <W extends { held: Delivery }>(writes: readonly W[]) => writes.map((w) => w.held);
 
   return {
-    async lease(limit, maxBytes) {
+    async lease(limit, maxBytes, keep = []) {
       const token = randomUUID();
       const rows = await query(leaseSql, {
         queues,
         unorderedQueues,
         limit,
         maxBytes,
+        keep,
         token,
         leaseTtlMs: options.leaseTtlMs,
         workerId: options.workerId,

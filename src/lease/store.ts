@@ -81,8 +81,10 @@ export interface LeaseStore {
    * Lease up to `limit` due rows (unleased, or whose lease expired) of the worker's queues, oldest first,
    * stopping before their payloads sum past `maxBytes` (the first row is always taken: one larger than the
    * budget is still delivered). Postgres counts a payload's stored size, the memory store its text length.
+   * An expired lease under one of the `keep` tokens is not taken: the caller still runs that delivery (its
+   * event loop was blocked past the lease), and renews it rather than start it a second time.
    */
-  lease(limit: number, maxBytes?: number): Promise<Lease>;
+  lease(limit: number, maxBytes?: number, keep?: readonly string[]): Promise<Lease>;
   /**
    * Delete the rows. Removing a key's head makes the key's oldest row left its head; up to `handOff` of
    * those that are due are leased to the caller at once (`Landed.handedOff`), saving a fetch each.

@@ -32,6 +32,8 @@ export interface LeaseParams {
   token: string;
   leaseTtlMs: number;
   workerId: string;
+  /** Tokens whose expired leases are not taken: the caller still runs those deliveries. */
+  keep?: readonly string[];
 }
 
 /**
@@ -65,6 +67,8 @@ export function fetchStatement(
   CROSS JOIN LATERAL (
     SELECT id, available_at, pg_column_size(payload) AS bytes FROM ${m}
     WHERE queue = q.queue AND acquired_token IS NOT NULL AND lease_expires_at <= now()
+      -- Our own deliveries still running (the event loop was blocked past their lease): never a second run.
+      AND acquired_token <> ALL ($8::uuid[])
     ORDER BY lease_expires_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -114,6 +118,7 @@ RETURNING ${LEASED_COLUMNS}`,
       p.workerId,
       p.unorderedQueues ?? [],
       p.maxBytes ?? Number.MAX_SAFE_INTEGER,
+      p.keep ?? [],
     ],
   );
 }

@@ -200,6 +200,17 @@ export function createEngine(deps: EngineDeps): Engine {
     fetchMs = fetchMs * 0.8 + ms * Math.min(1, FETCH_TIME_BYTES / Math.max(1, bytes)) * 0.2;
   }
 
+  /**
+   * The tokens of the deliveries this worker still holds. A handler that blocked the event loop past its
+   * lease is still ours: the fetch must not lease its row again and start it twice (the heartbeat renews it
+   * once the loop is free). A few tokens at most: one per fetch still being worked through.
+   */
+  function heldTokens(): string[] {
+    const tokens = new Set<string>();
+    for (const h of held) if (isLive(h)) tokens.add(h.token);
+    return [...tokens];
+  }
+
   const fetcher = new Fetcher<HeldRow>({
     batchSize: options.batchSize,
     // A trickle is leased a loop's worth at a time; full fetches double it towards batchSize.
@@ -216,7 +227,7 @@ export function createEngine(deps: EngineDeps): Engine {
       try {
         // The statement stops at the bytes left. It always takes one row, so a row larger than the budget
         // is still delivered: what is held can pass the budget by that one row.
-        const lease = await store.lease(limit, Math.max(1, options.maxHeldBytes - held.bytes));
+        const lease = await store.lease(limit, Math.max(1, options.maxHeldBytes - held.bytes), heldTokens());
         let bytes = 0;
         for (const row of lease.rows) bytes += payloadBytes(row);
         fetched(lease.rows.length, bytes, performance.now() - started);
