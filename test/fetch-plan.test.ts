@@ -14,7 +14,9 @@ async function explain(queues: string[], limit: number): Promise<string> {
   try {
     const text = fetchStatement(db.names, { synchronousCommit: false }).statement.text;
     await client.query("SET plan_cache_mode = force_generic_plan");
-    await client.query(`PREPARE lease(text[], int, uuid, double precision, text, text[], bigint, uuid[]) AS ${text}`);
+    await client.query(
+      `PREPARE lease(text[], int, uuid, double precision, text, text[], bigint, uuid[]) AS ${text}`,
+    );
     await client.query("BEGIN");
     const { rows } = await client.query(
       `EXPLAIN (ANALYZE, COSTS OFF) EXECUTE lease('{${queues.join(",")}}', ${limit}, '${randomUUID()}', 30000, 'explain', '{}', ${Number.MAX_SAFE_INTEGER}, '{${randomUUID()}}')`,
