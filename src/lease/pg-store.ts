@@ -5,7 +5,6 @@ import { OutboxError } from "../contract/errors.js";
 import type { PreparedFollowUp } from "../contract/follow-up.js";
 import {
   type AckKeyedRow,
-  type AckRow,
   completeStatements,
   deliveryKey,
   type FollowUpParams,
@@ -266,20 +265,24 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
    * the deliveries it deleted, in one transaction. Either both commit or neither: a crash or a failed
    * insert rolls the deletes back too, and the rows are delivered again.
    */
-  async function ackFollowUpRound(ws: readonly AckWrite[], handOff: Omit<PromoteParams, "queues" | "keys">) {
+  async function ackFollowUpRound(
+    ws: readonly AckWrite[],
+    handOff: Omit<PromoteParams, "queues" | "keys">,
+  ): Promise<KeyedRound> {
     return transaction(async (client) => {
       const run = <P, R>(q: Query<P, R>, p: P) =>
         runQuery(client, q, p, { prepared, timeoutMs: options.queryTimeoutMs });
       // Follow-up keys first, and only tried: waiting for one while ack_keyed holds the heads' key locks
-      // could deadlock with a producer taking those keys in the other order. Busy: nothing written yet,
-      // the empty commit releases what was taken, and every delivery of the round is tried again shortly.
-      if (!(await followUpKeysTaken(run, ws))) {
-        return { keys: [], busy: new Set(ws.map((w) => key(w.held))), next: [] } satisfies KeyedRound;
-      }
-      const round = keyedAnswer(ws, await ackKeyedIn(run, ws, handOff));
+      // could deadlock with a producer taking those keys in the other order. A delivery with a busy
+      // follow-up key stays (tried again shortly); the others go on now, whatever their batch holds.
+      const blocked = await followUpKeysBlocked(run, ws);
+      const free = blocked.size === 0 ? ws : ws.filter((w) => !blocked.has(w.held.id));
+      const busy = new Set(ws.filter((w) => blocked.has(w.held.id)).map((w) => key(w.held)));
+      if (free.length === 0) return { keys: [], busy, next: [] };
+      const round = keyedAnswer(free, await ackKeyedIn(run, free, handOff));
       // Only deliveries this round deleted under their token: a busy head or a lost lease inserts nothing.
       const wrote = round.keys ? new Set(round.keys) : undefined;
-      const acked = ws.filter((w) => {
+      const acked = free.filter((w) => {
         const k = key(w.held);
         return !round.busy.has(k) && (wrote === undefined || wrote.has(k));
       });
@@ -289,50 +292,45 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
           run(sql.insertFollowUps, { acked: acked.map((w) => w.held.id), ...follow }),
         );
       }
-      return round;
+      if (busy.size === 0) return round;
+      for (const k of round.busy) busy.add(k);
+      return { keys: round.keys ?? free.map((w) => key(w.held)), busy, next: round.next };
     });
   }
 
-  /** Tries the key locks of `ws`'s keyed follow-ups (true when there are none). */
-  async function followUpKeysTaken(
+  /** Tries the key locks of `ws`'s keyed follow-ups: the parents (ids) one of whose keys is busy. */
+  async function followUpKeysBlocked(
     run: <P, R>(q: Query<P, R>, p: P) => Promise<R[]>,
     ws: readonly AckWrite[],
-  ): Promise<boolean> {
+  ): Promise<Set<string>> {
+    const parents: string[] = [];
     const queues: string[] = [];
     const keys: string[] = [];
     for (const w of ws) {
       for (const f of w.followUps ?? []) {
         if (f.key === null) continue;
+        parents.push(w.held.id);
         queues.push(f.queue);
         keys.push(f.key);
       }
     }
-    if (keys.length === 0) return true;
-    const [row] = await run(sql.tryFollowUpKeys, { queues, keys });
-    return row?.taken === true;
+    if (keys.length === 0) return new Set();
+    const [row] = await run(sql.tryFollowUpKeys, { parents, queues, keys });
+    return new Set(row?.blocked ?? []);
   }
 
   /**
-   * The ack of keyless deliveries with keyed follow-ups: their key locks tried first in one transaction
-   * (see ackFollowUpRound), then the one-statement ack; while a producer of one of those keys is in
-   * flight, tried again shortly. Still busy after BUSY_WAIT_MS: "busy", nothing written.
+   * One round of the ack of keyless deliveries with keyed follow-ups, in one statement: their key locks
+   * tried first, then the deliveries whose keys were all taken acked with their follow-ups; those with a
+   * busy key are answered busy and tried again (completeKeyed), the others land now.
    */
-  async function ackWithFollowUpKeys(writes: readonly AckWrite[]): Promise<AckRow | undefined | "busy"> {
-    const deadline = Date.now() + Math.min(options.queryTimeoutMs, BUSY_WAIT_MS);
-    for (let attempt = 0; ; attempt++) {
-      const answer = await transaction(async (client) => {
-        const run = <P, R>(q: Query<P, R>, p: P) =>
-          runQuery(client, q, p, { prepared, timeoutMs: options.queryTimeoutMs });
-        if (!(await followUpKeysTaken(run, writes))) return undefined;
-        const follow = followUpParams(writes);
-        if (!follow) return [];
-        return insertingFollowUps(() => run(sql.ackFollowUps, { ...pairs(held(writes)), ...follow }));
-      });
-      if (answer) return answer[0];
-      options.onKeyBusy?.(writes.length);
-      if (Date.now() > deadline) return "busy";
-      await delay(Math.min(2 ** attempt, 50));
-    }
+  async function ackFollowUpKeysRound(ws: readonly AckWrite[]): Promise<KeyedRound> {
+    const follow = followUpParams(ws);
+    if (!follow) return { keys: null, busy: new Set(), next: [] };
+    const [row] = await insertingFollowUps(() =>
+      query(sql.ackFollowUpKeys, { ...pairs(held(ws)), ...follow }),
+    );
+    return { keys: row?.keys ?? null, busy: new Set(row?.busy ?? []), next: [] };
   }
 
   function keyedAnswer(ws: readonly AckWrite[], rows: AckKeyedRow[]): KeyedRound {
@@ -441,14 +439,12 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
       const follows = writes.some((w) => w.followUps !== undefined && w.followUps.length > 0);
       if (writes.some((w) => w.held.key !== null))
         return completeKeyed(writes, handOff, follows ? ackFollowUpRound : ackRound);
-      const keyedFollowUps = follows && writes.some((w) => w.followUps?.some((f) => f.key !== null));
-      const follow = follows && !keyedFollowUps ? followUpParams(writes) : undefined;
-      const [result] = keyedFollowUps
-        ? [await ackWithFollowUpKeys(writes)]
-        : follow
-          ? await insertingFollowUps(() => query(sql.ackFollowUps, { ...pairs(held(writes)), ...follow }))
-          : await query(sql.ack, pairs(held(writes)));
-      if (result === "busy") return { has: () => false, count: 0, busy: () => true };
+      if (follows && writes.some((w) => w.followUps?.some((f) => f.key !== null)))
+        return completeKeyed(writes, 0, ackFollowUpKeysRound);
+      const follow = follows ? followUpParams(writes) : undefined;
+      const [result] = follow
+        ? await insertingFollowUps(() => query(sql.ackFollowUps, { ...pairs(held(writes)), ...follow }))
+        : await query(sql.ack, pairs(held(writes)));
       // The statement names the deleted deliveries only when some were not deleted.
       return result?.keys ? landedByKey(new Set(result.keys), key) : allLanded(writes.length);
     },

@@ -68,10 +68,19 @@ export interface CompleteStatements {
    */
   insertFollowUps: Query<{ acked: string[] } & FollowUpParams, { inserted: number }>;
   /**
-   * Tries the key locks of keyed follow-ups, first in their ack's transaction: false when a producer of one
-   * of those keys is in flight (the ack is then tried again shortly, like a busy head).
+   * `ackFollowUps` for deliveries with keyed follow-ups: every follow-up key's lock tried first, and only
+   * the parents whose follow-up keys were all taken deleted (their follow-ups inserted); the others are
+   * named `busy` (a producer, or another ack, of one of their keys is in flight) and tried again shortly.
    */
-  tryFollowUpKeys: Query<{ queues: string[]; keys: (string | null)[] }, { taken: boolean }>;
+  ackFollowUpKeys: Query<DeliveryParams & FollowUpParams, AckRow & { busy: string[]; inserted: number }>;
+  /**
+   * Tries the key locks of keyed follow-ups, first in their ack's transaction: the parents (ids) one of
+   * whose follow-up keys is busy. The others' keys are all held by this transaction from now on.
+   */
+  tryFollowUpKeys: Query<
+    { parents: string[]; queues: string[]; keys: (string | null)[] },
+    { blocked: string[] }
+  >;
   /** Clears the lease and schedules the row on the server clock → keys of the rows written. */
   retry: Query<
     DeliveryParams & { delaysMs: number[]; errors: string[]; failed: number[]; maxErrorLength: number },
@@ -255,6 +264,22 @@ FROM gone AS g`;
   SELECT count(pg_notify($${at + 7}::text, q.queue)) AS sent
   FROM unnest($${at + 8}::text[]) AS q(queue) WHERE q.queue IN (SELECT i.queue FROM inserted AS i)
 )`;
+  // Each follow-up key's lock is only tried (waiting could deadlock with a producer taking several keys in
+  // its own order). The aggregate reads every row of `tried`, so every key is tried before any parent is
+  // deleted: the insert's own key locks then never wait. `blocked`: parents with a busy key, which stay.
+  const followUpKeyTries = (parents: number, queues: number, keys: number) => `tried AS MATERIALIZED (
+  SELECT k.queue, k.key, ${TRY_KEY_LOCK("k.queue", "k.key")} AS taken FROM (
+    SELECT DISTINCT f.queue, f.key FROM unnest($${queues}::text[], $${keys}::text[]) AS f(queue, key)
+    WHERE f.key IS NOT NULL ORDER BY 1, 2
+  ) AS k
+), busy_keys AS MATERIALIZED (
+  SELECT COALESCE(array_agg(t.queue), '{}') AS queues, COALESCE(array_agg(t.key), '{}') AS keys
+  FROM tried AS t WHERE NOT t.taken
+), blocked AS MATERIALIZED (
+  SELECT COALESCE(array_agg(DISTINCT f.parent_id), '{}') AS ids
+  FROM unnest($${parents}::bigint[], $${queues}::text[], $${keys}::text[]) AS f(parent_id, queue, key), busy_keys AS b
+  WHERE (f.queue, f.key) IN (SELECT * FROM unnest(b.queues, b.keys))
+)`;
   const followUpValues = (p: FollowUpParams) => [
     p.parents,
     p.queues,
@@ -281,13 +306,27 @@ SELECT count(*)::int AS deleted,
 FROM gone`,
       (p) => [p.ids, p.tokens, ...followUpValues(p)],
     ),
+    ackFollowUpKeys: defineQuery(
+      "ack_follow_up_keys",
+      `${withSettings(settings, true)}${followUpKeyTries(3, 4, 7)}, gone AS (
+  DELETE FROM ${m} AS t USING ${pairs} AS d(id, token), blocked AS b${also}
+  WHERE t.id = d.id AND t.acquired_token = d.token AND NOT (t.id = ANY (b.ids))
+  RETURNING t.id, ${KEY} AS key
+), ${followUpRows("JOIN gone AS g ON g.id = f.parent_id", 3)}
+SELECT count(*)::int AS deleted,
+       CASE WHEN count(*) < cardinality($1::bigint[]) THEN COALESCE(array_agg(key), '{}') END AS keys,
+       (SELECT COALESCE(array_agg(d.id::text || '/' || d.token::text), '{}')
+        FROM ${pairs} AS d(id, token), blocked AS b WHERE d.id = ANY (b.ids)) AS busy,
+       (SELECT count(*)::int FROM inserted) AS inserted,
+       (SELECT sent FROM wake) AS sent
+FROM gone`,
+      (p) => [p.ids, p.tokens, ...followUpValues(p)],
+    ),
     tryFollowUpKeys: defineQuery(
       "try_follow_up_keys",
-      `SELECT COALESCE(bool_and(${TRY_KEY_LOCK("k.queue", "k.key")}), true) AS taken FROM (
-  SELECT DISTINCT f.queue, f.key FROM unnest($1::text[], $2::text[]) AS f(queue, key)
-  WHERE f.key IS NOT NULL ORDER BY 1, 2
-) AS k`,
-      (p) => [p.queues, p.keys],
+      `WITH ${followUpKeyTries(1, 2, 3)}
+SELECT b.ids::text[] AS blocked FROM blocked AS b`,
+      (p) => [p.parents, p.queues, p.keys],
     ),
     insertFollowUps: defineQuery(
       "insert_follow_ups",

@@ -214,6 +214,22 @@ export function leaseStoreContract(name: string, harness: () => LeaseStoreHarnes
       for (const id of ids) expect(await h.row(id)).toBeUndefined();
     });
 
+    it("an expired lease under a token the caller keeps is not taken again; another store takes it", async () => {
+      const h = harness();
+      const [one, two] = [h.store({ workerId: "one" }), h.store({ workerId: "two" })];
+      const ids = await h.insert("a", 2);
+      const running = await one.lease(10);
+      await h.expireLeases();
+      // The same worker, still running both deliveries: its next fetch leaves them alone.
+      expect((await one.lease(10, undefined, [running.token])).rows).toEqual([]);
+      const kept = deliveries(running.token, ids);
+      expect((await one.renew(kept)).count).toBe(2);
+      for (const id of ids) expect((await h.row(id))?.deliveries).toBe(1);
+      // Another worker knows nothing of that token: an expired lease is fair game for it.
+      await h.expireLeases();
+      expect((await two.lease(10)).rows.map((r) => r.id)).toEqual(ids);
+    });
+
     it("answers per delivery when one write names current and stale deliveries", async () => {
       const h = harness();
       const store = h.store();
