@@ -145,7 +145,7 @@ describe("the prefetch estimate with large rows", () => {
 
   it("a fetch slowed by its bytes does not deepen the prefetch: about a fetch's worth beyond the running handlers", async () => {
     const table = new MemoryTable();
-    const rows = 150;
+    const rows = 300;
     // One 1 MB string shared by every row: the store hands out the same text, the test holds it once.
     const text = JSON.stringify({ data: "x".repeat(1_000_000) });
     for (let i = 0; i < rows; i++) {
@@ -200,8 +200,8 @@ describe("the prefetch estimate with large rows", () => {
       await engine.shutdown(1000);
     }
     // Ten 200 ms handlers start a row every 20 ms; a fetch of n rows takes 30n ms. Counted whole, that round
-    // trip made the next fetch ask for 3n rows: the worker leased 52 of the 150. Counted as a 1 MiB fetch's,
-    // it keeps about 4 beyond its 10 running handlers.
-    expect(most).toBeLessThanOrEqual(25);
+    // trip made the next fetch ask for 3n rows: the worker leased 90 of the 300 (on a busy machine). Counted
+    // as a 1 MiB fetch's, it keeps about 4 beyond its 10 running handlers (24 at most seen on a busy machine).
+    expect(most).toBeLessThanOrEqual(40);
   });
 });
