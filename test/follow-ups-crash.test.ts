@@ -122,9 +122,9 @@ describe("a worker killed between handler and ack", () => {
         await until(async () => (await childSessions(workerId)) === 0, "the child's sessions have ended");
         const parentLeft = await n(`SELECT count(*)::int AS n FROM ${db.names.messages} WHERE id = $1`, [id]);
         const afterNow = await n(`SELECT count(*)::int AS n FROM ${db.names.messages} WHERE queue = 'after'`);
-        // Atomic: either the ack and both follow-ups, or neither. A keyed parent's ack is a transaction of
-        // several statements: its COMMIT never left the dead client, so the server rolls it back either way.
-        const committed = ackFate !== "rolled back" && parentKey === null;
+        // Atomic: either the ack and both follow-ups, or neither. Keyed or not, the ack with its follow-ups
+        // is one statement, which the server finishes for a dead client unless its session is ended.
+        const committed = ackFate !== "rolled back";
         expect([parentLeft, afterNow]).toEqual(committed ? [0, 2] : [1, 0]);
 
         // The dead worker's lease runs out now instead of after its TTL; a survivor redelivers the parent.

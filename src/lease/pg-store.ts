@@ -237,6 +237,12 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     return keyedAnswer(ws, await ackKeyedIn((q, p) => query(q, p), ws, handOff));
   }
 
+  /** The queue and key of every delivery is known and none opted out of ordering: `ack_key_heads` applies. */
+  const knownHeads = (ds: readonly Delivery[]) =>
+    ds.every(
+      (d) => d.queue !== undefined && d.key !== undefined && (d.key === null || !unordered.has(d.queue)),
+    );
+
   /**
    * The keyed ack statement for `ws`: `ack_key_heads` when the queue and key of every delivery is known
    * and no delivery's queue opted out of ordering (the key locks are tried on them, no read before the
@@ -248,10 +254,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     handOff: Omit<PromoteParams, "queues" | "keys">,
   ): Promise<AckKeyedRow[]> {
     const ds = held(ws);
-    const known = ds.every(
-      (d) => d.queue !== undefined && d.key !== undefined && (d.key === null || !unordered.has(d.queue)),
-    );
-    if (!known) return run(sql.ackKeyed, { ...pairs(ds), ...handOff });
+    if (!knownHeads(ds)) return run(sql.ackKeyed, { ...pairs(ds), ...handOff });
     return run(sql.ackKeyHeads, {
       ...pairs(ds),
       queues: textArray(ds.map((d) => d.queue as string)),
@@ -261,62 +264,29 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
   }
 
   /**
-   * The keyed ack of deliveries with follow-ups: the `ack_keyed` call, then the insert of the follow-ups of
-   * the deliveries it deleted, in one transaction. Either both commit or neither: a crash or a failed
-   * insert rolls the deletes back too, and the rows are delivered again.
+   * The keyed ack of deliveries with follow-ups, in one statement: the `ack_keyed` call, then the insert
+   * of the follow-ups of the deliveries it deleted. Either both commit or neither: a crash or a failed
+   * insert rolls the deletes back too, and the rows are delivered again. A delivery one of whose
+   * follow-up keys is busy stays (answered busy, tried again shortly); the others go on now.
    */
   async function ackFollowUpRound(
     ws: readonly AckWrite[],
     handOff: Omit<PromoteParams, "queues" | "keys">,
   ): Promise<KeyedRound> {
-    return transaction(async (client) => {
-      const run = <P, R>(q: Query<P, R>, p: P) =>
-        runQuery(client, q, p, { prepared, timeoutMs: options.queryTimeoutMs });
-      // Follow-up keys first, and only tried: waiting for one while ack_keyed holds the heads' key locks
-      // could deadlock with a producer taking those keys in the other order. A delivery with a busy
-      // follow-up key stays (tried again shortly); the others go on now, whatever their batch holds.
-      const blocked = await followUpKeysBlocked(run, ws);
-      const free = blocked.size === 0 ? ws : ws.filter((w) => !blocked.has(w.held.id));
-      const busy = new Set(ws.filter((w) => blocked.has(w.held.id)).map((w) => key(w.held)));
-      if (free.length === 0) return { keys: [], busy, next: [] };
-      const round = keyedAnswer(free, await ackKeyedIn(run, free, handOff));
-      // Only deliveries this round deleted under their token: a busy head or a lost lease inserts nothing.
-      const wrote = round.keys ? new Set(round.keys) : undefined;
-      const acked = free.filter((w) => {
-        const k = key(w.held);
-        return !round.busy.has(k) && (wrote === undefined || wrote.has(k));
-      });
-      const follow = followUpParams(acked);
-      if (follow) {
-        await insertingFollowUps(() =>
-          run(sql.insertFollowUps, { acked: acked.map((w) => w.held.id), ...follow }),
-        );
-      }
-      if (busy.size === 0) return round;
-      for (const k of round.busy) busy.add(k);
-      return { keys: round.keys ?? free.map((w) => key(w.held)), busy, next: round.next };
-    });
-  }
-
-  /** Tries the key locks of `ws`'s keyed follow-ups: the parents (ids) one of whose keys is busy. */
-  async function followUpKeysBlocked(
-    run: <P, R>(q: Query<P, R>, p: P) => Promise<R[]>,
-    ws: readonly AckWrite[],
-  ): Promise<Set<string>> {
-    const parents: string[] = [];
-    const queues: string[] = [];
-    const keys: string[] = [];
-    for (const w of ws) {
-      for (const f of w.followUps ?? []) {
-        if (f.key === null) continue;
-        parents.push(w.held.id);
-        queues.push(f.queue);
-        keys.push(f.key);
-      }
-    }
-    if (keys.length === 0) return new Set();
-    const [row] = await run(sql.tryFollowUpKeys, { parents, queues, keys });
-    return new Set(row?.blocked ?? []);
+    const follow = followUpParams(ws);
+    if (!follow) return ackRound(ws, handOff);
+    const ds = held(ws);
+    const params = { ...pairs(ds), ...follow, ...handOff };
+    const rows = await insertingFollowUps(() =>
+      knownHeads(ds)
+        ? query(sql.ackKeyHeadsFollowUps, {
+            ...params,
+            parentQueues: textArray(ds.map((d) => d.queue as string)),
+            parentKeys: textArray(ds.map((d) => d.key ?? null)),
+          })
+        : query(sql.ackKeyedFollowUps, params),
+    );
+    return keyedAnswer(ws, rows);
   }
 
   /**

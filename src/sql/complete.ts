@@ -63,23 +63,24 @@ export interface CompleteStatements {
    */
   ackFollowUps: Query<DeliveryParams & FollowUpParams, AckRow & { inserted: number }>;
   /**
-   * The follow-ups of keyed deliveries, run in the transaction of their `ackKeyed` round after it: only
-   * those whose parent is among `acked` (the deliveries that round deleted) are inserted.
-   */
-  insertFollowUps: Query<{ acked: string[] } & FollowUpParams, { inserted: number }>;
-  /**
    * `ackFollowUps` for deliveries with keyed follow-ups: every follow-up key's lock tried first, and only
    * the parents whose follow-up keys were all taken deleted (their follow-ups inserted); the others are
    * named `busy` (a producer, or another ack, of one of their keys is in flight) and tried again shortly.
    */
   ackFollowUpKeys: Query<DeliveryParams & FollowUpParams, AckRow & { busy: string[]; inserted: number }>;
   /**
-   * Tries the key locks of keyed follow-ups, first in their ack's transaction: the parents (ids) one of
-   * whose follow-up keys is busy. The others' keys are all held by this transaction from now on.
+   * `ackFollowUpKeys` for deliveries that may head a key, in ONE statement: every follow-up key's lock
+   * tried first; the deliveries whose follow-up keys were all taken go through `ack_keyed` (heads' key
+   * locks tried, successors promoted and handed off), then the follow-ups of those it deleted are inserted.
+   * Answers as `ackKeyed`, the deliveries with a busy follow-up key among the `busy` ones. Holding the
+   * follow-up keys for one statement, not a transaction's round trips, is what keeps two workers whose
+   * follow-ups share keys from refusing each other.
    */
-  tryFollowUpKeys: Query<
-    { parents: string[]; queues: string[]; keys: (string | null)[] },
-    { blocked: string[] }
+  ackKeyedFollowUps: Query<KeyedFollowUpParams, AckKeyedRow>;
+  /** `ackKeyedFollowUps` through `ack_key_heads`: the parents' queues and keys as passed (`textArray`). */
+  ackKeyHeadsFollowUps: Query<
+    KeyedFollowUpParams & { parentQueues: string; parentKeys: string },
+    AckKeyedRow
   >;
   /** Clears the lease and schedules the row on the server clock → keys of the rows written. */
   retry: Query<
@@ -112,6 +113,8 @@ export interface FollowUpParams {
   channel: string;
   wake: string[];
 }
+
+export type KeyedFollowUpParams = DeliveryParams & FollowUpParams & Omit<PromoteParams, "queues" | "keys">;
 
 export type DeadParams = DeliveryParams & {
   reasons: string[];
@@ -280,6 +283,52 @@ FROM gone AS g`;
   FROM unnest($${parents}::bigint[], $${queues}::text[], $${keys}::text[]) AS f(parent_id, queue, key), busy_keys AS b
   WHERE (f.queue, f.key) IN (SELECT * FROM unnest(b.queues, b.keys))
 )`;
+  // The long statements below open with a comment naming them: pg_stat_activity cuts a query's text at 1 kB.
+  // Columns of an ack_keyed row past kind and delivery, empty.
+  const NO_ROW =
+    "NULL::text, NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::float8, NULL::int, NULL::int, NULL::int, NULL::timestamptz, NULL::timestamptz, NULL::boolean";
+  // The keyed ack runs on the deliveries whose follow-up keys were all taken (in the caller's order: rows
+  // are locked in one order); `acked` are those it deleted (all, or those it names written).
+  const keyedFollowUpAck = (heads: boolean) => {
+    const fn = heads ? "ack_key_heads" : "ack_keyed";
+    const parentKeys = heads ? ", m.queues, m.keys" : "";
+    const params = "$12::int, $13::uuid, $14::double precision, $15::text, $16::boolean";
+    return `/* ${fn} with follow-ups */ WITH ${followUpKeyTries(3, 4, 7)}, mine AS MATERIALIZED (
+  SELECT array_agg(d.id ORDER BY d.ord) AS ids, array_agg(d.token ORDER BY d.ord) AS tokens${
+    heads ? ", array_agg(d.queue ORDER BY d.ord) AS queues, array_agg(d.key ORDER BY d.ord) AS keys" : ""
+  }
+  FROM unnest($1::bigint[], $2::uuid[]${heads ? ", $17::text[], $18::text[]" : ""}) WITH ORDINALITY
+    AS d(id, token, ${heads ? "queue, key, " : ""}ord), blocked AS b
+  WHERE NOT (d.id = ANY (b.ids))
+), a AS MATERIALIZED (
+  SELECT r.* FROM mine AS m, LATERAL ${names.quotedSchema}.${fn}(m.ids, m.tokens${parentKeys}, ${params}) AS r
+  WHERE m.ids IS NOT NULL
+), acked AS MATERIALIZED (
+  SELECT s.id, s.token FROM mine AS m, unnest(m.ids, m.tokens) AS s(id, token)
+  WHERE (SELECT x.delivery::int FROM a AS x WHERE x.kind = 'deleted') = cardinality(m.ids)
+     OR s.id::text || '/' || s.token::text IN (SELECT x.delivery FROM a AS x WHERE x.kind = 'written')
+), ${followUpRows("JOIN acked AS g ON g.id = f.parent_id", 3)}
+SELECT a.* FROM a WHERE a.kind NOT IN ('deleted', 'written')
+UNION ALL
+-- From wake: its notifications are sent.
+SELECT 'deleted', (SELECT count(*) FROM acked)::text, ${NO_ROW} FROM wake
+UNION ALL
+SELECT 'written', g.id::text || '/' || g.token::text, ${NO_ROW} FROM acked AS g
+WHERE (SELECT count(*) FROM acked) < cardinality($1::bigint[])
+UNION ALL
+SELECT 'busy', d.id::text || '/' || d.token::text, ${NO_ROW}
+FROM unnest($1::bigint[], $2::uuid[]) AS d(id, token), blocked AS b WHERE d.id = ANY (b.ids)`;
+  };
+  const keyedFollowUpValues = (p: KeyedFollowUpParams) => [
+    p.ids,
+    p.tokens,
+    ...followUpValues(p),
+    p.limit,
+    p.token,
+    p.leaseTtlMs,
+    p.workerId,
+    settings.synchronousCommit,
+  ];
   const followUpValues = (p: FollowUpParams) => [
     p.parents,
     p.queues,
@@ -308,7 +357,7 @@ FROM gone`,
     ),
     ackFollowUpKeys: defineQuery(
       "ack_follow_up_keys",
-      `${withSettings(settings, true)}${followUpKeyTries(3, 4, 7)}, gone AS (
+      `/* DELETE with keyed follow-ups */ ${withSettings(settings, true)}${followUpKeyTries(3, 4, 7)}, gone AS (
   DELETE FROM ${m} AS t USING ${pairs} AS d(id, token), blocked AS b${also}
   WHERE t.id = d.id AND t.acquired_token = d.token AND NOT (t.id = ANY (b.ids))
   RETURNING t.id, ${KEY} AS key
@@ -322,18 +371,12 @@ SELECT count(*)::int AS deleted,
 FROM gone`,
       (p) => [p.ids, p.tokens, ...followUpValues(p)],
     ),
-    tryFollowUpKeys: defineQuery(
-      "try_follow_up_keys",
-      `WITH ${followUpKeyTries(1, 2, 3)}
-SELECT b.ids::text[] AS blocked FROM blocked AS b`,
-      (p) => [p.parents, p.queues, p.keys],
-    ),
-    insertFollowUps: defineQuery(
-      "insert_follow_ups",
-      `WITH ${followUpRows("WHERE f.parent_id = ANY($1::bigint[])", 2)}
-SELECT (SELECT count(*)::int FROM inserted) AS inserted, (SELECT sent FROM wake) AS sent`,
-      (p) => [p.acked, ...followUpValues(p)],
-    ),
+    ackKeyedFollowUps: defineQuery("ack_keyed_follow_ups", keyedFollowUpAck(false), keyedFollowUpValues),
+    ackKeyHeadsFollowUps: defineQuery("ack_key_heads_follow_ups", keyedFollowUpAck(true), (p) => [
+      ...keyedFollowUpValues(p),
+      p.parentQueues,
+      p.parentKeys,
+    ]),
     deadKeyed: defineQuery(
       "dead_keyed",
       `${withSettings(settings, true)}${deadMove(true, `, ${KEY} AS delivery, t.key AS order_key`)}
