@@ -272,7 +272,9 @@ describe("the built CLI as the Docker image runs it", () => {
     return port;
   }
 
-  it("healthcheck exits 0 against a running `run`, once its /readyz says ready", async () => {
+  it("healthcheck exits 0 against a running `run`, once its /readyz says ready", {
+    timeout: 300_000,
+  }, async () => {
     const schema = db.freshSchema("hc");
     const child = spawn(
       process.execPath,
@@ -287,8 +289,8 @@ describe("the built CLI as the Docker image runs it", () => {
     let output = "";
     const port = await new Promise<number>((resolve, reject) => {
       const timer = setTimeout(
-        () => reject(new Error(`no "http server listening" within 20 s:\n${output}`)),
-        20_000,
+        () => reject(new Error(`no "http server listening" within 120 s:\n${output}`)),
+        120_000,
       );
       const onData = (chunk: Buffer) => {
         output += chunk.toString();

@@ -222,7 +222,7 @@ export default {
     expect(deadLetters[0]?.error).toBe("Error: upstream refused token *** at amqp://***@10.0.0.1/vhost");
     expect(JSON.parse(peek.output())).toHaveLength(failing.length);
     expect(JSON.parse(listed.output())).toHaveLength(1);
-  }, 90_000);
+  }, 300_000);
 });
 
 describe("CLI output of rows stored before redaction existed", () => {
@@ -267,7 +267,7 @@ describe("CLI output of rows stored before redaction existed", () => {
     expect(outputs[1]?.out).toContain("nats://***@127.0.0.1:4222");
     expect(outputs[1]?.out).toContain("api_key=***");
     expect(outputs[5]?.out).toContain("redis://***@r:6379");
-  }, 60_000);
+  }, 300_000);
 });
 
 describe("configuration that is not valid JSON", () => {

@@ -196,7 +196,7 @@ describe("no password in any output", () => {
     } finally {
       await server.stop();
     }
-  }, 60_000);
+  }, 300_000);
 
   it("on an unreachable host and on a bad config", async () => {
     const unreachable = run(["--handlers", HANDLERS], {
