@@ -94,7 +94,8 @@ describe("follow-ups land once, as published", () => {
     await until(async () => (await count("parent")) === 0, "the parent is acknowledged");
     const [ctx] = await rows("via-context");
     expect(ctx).toMatchObject({ payload: { from: 1 }, key: null, headers: { "x-a": "1" } });
-    expect(ctx?.delay_ms).toBeLessThan(1000);
+    // No delay, against the other's minute: the gap is only the insert's own time, long on a busy machine.
+    expect(ctx?.delay_ms).toBeLessThan(30_000);
     const [delayed] = await rows("delayed");
     expect(delayed?.payload).toEqual({ later: true });
     expect(delayed?.delay_ms).toBeGreaterThanOrEqual(59_000);
