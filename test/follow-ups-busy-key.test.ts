@@ -1,14 +1,17 @@
-import { beforeAll, beforeEach, describe, expect, it } from "vitest";
+import pg from "pg";
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import type { PreparedFollowUp } from "../src/contract/follow-up.js";
 import { heldRows } from "../src/lease/held.js";
 import { createPgLeaseStore } from "../src/lease/pg-store.js";
+import { ACK_TURN, TURN_BUCKET } from "../src/sql/key-lock.js";
 import { testDatabase } from "./helpers/database.js";
-import { publisherFor } from "./helpers/worker.js";
+import { publisherFor, until } from "./helpers/worker.js";
 
 /**
- * A busy follow-up key (a producer of that key, or another worker's ack, has not committed) holds back only
- * the deliveries whose own follow-ups need that key: the rest of their batch lands in the same write. The
- * key is held by a producer's open transaction, so "busy" is certain, not a race.
+ * A busy follow-up key (a producer of that key has not committed) holds back only the deliveries whose own
+ * follow-ups need that key: the rest of their batch lands in the same write. And two acks whose follow-ups
+ * share a key (two workers) never refuse each other: the second waits for its turn. The key, or the first
+ * ack, is held by an open transaction of the test, so "busy" and "in flight" are certain, not a race.
  */
 
 const db = testDatabase("fubusy");
@@ -28,9 +31,17 @@ const follow = (payload: unknown, key: string): PreparedFollowUp => ({
   availableAt: null,
 });
 
-function store(busyRounds: number[]) {
+const pools: pg.Pool[] = [];
+afterAll(async () => {
+  await Promise.all(pools.map((p) => p.end()));
+});
+
+/** A lease store; `name` is its connections' application_name. */
+function store(busyRounds: number[], name?: string, queryTimeoutMs = 30_000) {
+  const pool = name ? new pg.Pool({ connectionString: db.url, application_name: name }) : db.pool;
+  if (name) pools.push(pool);
   return createPgLeaseStore({
-    pool: () => db.pool,
+    pool: () => pool,
     names: db.names,
     queues: ["parent"],
     workerId: "w",
@@ -38,7 +49,7 @@ function store(busyRounds: number[]) {
     maxErrorLength: 4000,
     synchronousCommit: false,
     preparedStatements: true,
-    queryTimeoutMs: 30_000,
+    queryTimeoutMs,
     onKeyBusy: (n) => busyRounds.push(n),
   });
 }
@@ -105,3 +116,99 @@ describe("a busy follow-up key holds back only the deliveries that need it", () 
     });
   }
 });
+
+describe("two acks whose follow-ups share a key queue for it instead of refusing each other", () => {
+  const waiting = async (name: string, event?: string) => {
+    const { rows } = await db.pool.query(
+      `SELECT count(*)::int AS n FROM pg_stat_activity
+       WHERE application_name = $1 AND wait_event_type = 'Lock' AND ($2::text IS NULL OR wait_event = $2)`,
+      [name, event ?? null],
+    );
+    return rows[0].n > 0;
+  };
+
+  for (const parentKeys of [false, true]) {
+    it(`${parentKeys ? "keyed" : "keyless"} parents: the second ack waits while the first holds the key, then lands in its first round`, async () => {
+      await db.pool.query(
+        `INSERT INTO ${db.names.messages} (queue, payload, key)
+         SELECT 'parent', jsonb_build_object('n', g), CASE WHEN $1 THEN 'p' || g END FROM generate_series(1, 2) AS g`,
+        [parentKeys],
+      );
+      const tag = `fubusy-${parentKeys ? "k" : "n"}-${process.pid}`;
+      const busyOne: number[] = [];
+      const busyTwo: number[] = [];
+      const one = store(busyOne, `${tag}-1`);
+      const two = store(busyTwo, `${tag}-2`);
+      const [first] = heldRows(...(await leaseOne(one)));
+      const [second] = heldRows(...(await leaseOne(two)));
+      if (!first || !second) throw new Error("one parent leased by each store");
+      // The test holds the first parent's row: the first ack stops at its delete, holding key S until then.
+      const rowLock = await db.pool.connect();
+      try {
+        await rowLock.query("BEGIN");
+        await rowLock.query(`SELECT 1 FROM ${db.names.messages} WHERE id = $1 FOR UPDATE`, [first.id]);
+        const ackOne = one.ack([{ held: first, followUps: [follow({ parent: 1 }, "S")] }]);
+        await until(() => waiting(`${tag}-1`), "the first ack holds S and waits for the row");
+        let settled = false;
+        const ackTwo = two.ack([{ held: second, followUps: [follow({ parent: 2 }, "S")] }]);
+        void ackTwo.finally(() => {
+          settled = true;
+        });
+        // Refused, the second ack would answer busy on its own; queued, it waits for its turn.
+        await until(
+          async () => settled || (await waiting(`${tag}-2`, "advisory")),
+          "the second ack answered or waits",
+        );
+        expect(settled).toBe(false);
+        await rowLock.query("COMMIT");
+        expect((await ackOne).has(first)).toBe(true);
+        expect((await ackTwo).has(second)).toBe(true);
+      } finally {
+        await rowLock.query("ROLLBACK").catch(() => {});
+        rowLock.release();
+      }
+      expect([busyOne, busyTwo]).toEqual([[], []]);
+      // S in commit order: the first ack's follow-up, then the second's.
+      expect(await children()).toEqual([{ parent: 1 }, { parent: 2 }]);
+    });
+  }
+});
+
+describe("an ack whose turn does not come", () => {
+  it("gives up waiting before its query timeout: answered busy, nothing written, no failure; lands once the turn is free", async () => {
+    await db.pool.query(`INSERT INTO ${db.names.messages} (queue, payload) VALUES ('parent', '{"n": 1}')`);
+    const busyRounds: number[] = [];
+    // Its turns are waited for half the query timeout at most.
+    const s = store(busyRounds, undefined, 10_000);
+    const [parent] = heldRows(...(await leaseOne(s)));
+    if (!parent) throw new Error("the parent leased");
+    // An ack stuck ahead of it, holding the turn of S's bucket.
+    const stuck = await db.pool.connect();
+    const write = { held: parent, followUps: [follow({ parent: 1 }, "S")] };
+    try {
+      await stuck.query("BEGIN");
+      await stuck.query(
+        `SELECT ${ACK_TURN("$1::text || ' ack turns'", TURN_BUCKET("$2::text", "$3::text"))}`,
+        [db.names.channel, "child", "S"],
+      );
+      const landed = await s.ack([write]);
+      expect(landed.has(parent)).toBe(false);
+      expect(landed.busy?.(parent)).toBe(true);
+      expect(await parentsLeft()).toBe(1);
+      expect(await children()).toEqual([]);
+    } finally {
+      await stuck.query("ROLLBACK").catch(() => {});
+      stuck.release();
+    }
+    expect((await s.ack([write])).has(parent)).toBe(true);
+    expect(await children()).toEqual([{ parent: 1 }]);
+  });
+});
+
+/** Leases one row with `s`: its token and rows, for heldRows. */
+async function leaseOne(
+  s: ReturnType<typeof store>,
+): Promise<[string, Awaited<ReturnType<typeof s.lease>>["rows"]]> {
+  const lease = await s.lease(1);
+  return [lease.token, lease.rows];
+}

@@ -263,6 +263,10 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     });
   }
 
+  // An ack waits for its turns on follow-up keys (behind other acks) at most this long: the server gives up
+  // first, cleanly, before the query timeout would drop the connection.
+  const turnTimeoutMs = Math.max(1, Math.floor(options.queryTimeoutMs / 2));
+
   /**
    * The keyed ack of deliveries with follow-ups, in one statement: the `ack_keyed` call, then the insert
    * of the follow-ups of the deliveries it deleted. Either both commit or neither: a crash or a failed
@@ -276,8 +280,8 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     const follow = followUpParams(ws);
     if (!follow) return ackRound(ws, handOff);
     const ds = held(ws);
-    const params = { ...pairs(ds), ...follow, ...handOff };
-    const rows = await insertingFollowUps(() =>
+    const params = { ...pairs(ds), ...follow, ...handOff, turnTimeoutMs };
+    const rows = await followUpKeysWrite(() =>
       knownHeads(ds)
         ? query(sql.ackKeyHeadsFollowUps, {
             ...params,
@@ -286,22 +290,42 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
           })
         : query(sql.ackKeyedFollowUps, params),
     );
-    return keyedAnswer(ws, rows);
+    return rows ? keyedAnswer(ws, rows) : allBusy(ws);
   }
 
   /**
-   * One round of the ack of keyless deliveries with keyed follow-ups, in one statement: their key locks
-   * tried first, then the deliveries whose keys were all taken acked with their follow-ups; those with a
+   * One round of the ack of keyless deliveries with keyed follow-ups, in one statement: their turns and key
+   * locks first, then the deliveries whose keys were all taken acked with their follow-ups; those with a
    * busy key are answered busy and tried again (completeKeyed), the others land now.
    */
   async function ackFollowUpKeysRound(ws: readonly AckWrite[]): Promise<KeyedRound> {
     const follow = followUpParams(ws);
     if (!follow) return { keys: null, busy: new Set(), next: [] };
-    const [row] = await insertingFollowUps(() =>
-      query(sql.ackFollowUpKeys, { ...pairs(held(ws)), ...follow }),
+    const rows = await followUpKeysWrite(() =>
+      query(sql.ackFollowUpKeys, { ...pairs(held(ws)), ...follow, turnTimeoutMs }),
     );
-    return { keys: row?.keys ?? null, busy: new Set(row?.busy ?? []), next: [] };
+    if (!rows) return allBusy(ws);
+    return { keys: rows[0]?.keys ?? null, busy: new Set(rows[0]?.busy ?? []), next: [] };
   }
+
+  /**
+   * A write with keyed follow-ups; undefined when it gave up waiting for a lock (55P03: its turn, behind
+   * an ack stuck for half the query timeout, or a row). Nothing of it was written: all busy, tried later.
+   */
+  async function followUpKeysWrite<R>(write: () => Promise<R[]>): Promise<R[] | undefined> {
+    try {
+      return await insertingFollowUps(write);
+    } catch (error) {
+      if ((error as { code?: unknown }).code === "55P03") return undefined;
+      throw error;
+    }
+  }
+
+  const allBusy = (ws: readonly AckWrite[]): KeyedRound => ({
+    keys: [],
+    busy: new Set(ws.map((w) => key(w.held))),
+    next: [],
+  });
 
   function keyedAnswer(ws: readonly AckWrite[], rows: AckKeyedRow[]): KeyedRound {
     let deleted = 0;

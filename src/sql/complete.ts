@@ -1,6 +1,6 @@
 import { defineQuery, type Query } from "./executor.js";
 import type { LeasedRow } from "./fetch.js";
-import { KEY_LOCK, TRY_KEY_LOCK } from "./key-lock.js";
+import { ACK_TURN, KEY_LOCK, TRY_KEY_LOCK, TURN_BUCKET } from "./key-lock.js";
 import type { OutboxNames } from "./names.js";
 import { type StatementSettings, settingsJoin, withSettings } from "./settings.js";
 
@@ -63,18 +63,18 @@ export interface CompleteStatements {
    */
   ackFollowUps: Query<DeliveryParams & FollowUpParams, AckRow & { inserted: number }>;
   /**
-   * `ackFollowUps` for deliveries with keyed follow-ups: every follow-up key's lock tried first, and only
-   * the parents whose follow-up keys were all taken deleted (their follow-ups inserted); the others are
-   * named `busy` (a producer, or another ack, of one of their keys is in flight) and tried again shortly.
+   * `ackFollowUps` for deliveries with keyed follow-ups: the ack's turns on their keys waited for (another
+   * such ack sharing keys goes first), then every follow-up key's lock tried, and only the parents whose
+   * follow-up keys were all taken deleted (their follow-ups inserted); the others are named `busy` (a
+   * producer of one of their keys is in flight) and tried again shortly.
    */
-  ackFollowUpKeys: Query<DeliveryParams & FollowUpParams, AckRow & { busy: string[]; inserted: number }>;
+  ackFollowUpKeys: Query<FollowUpKeyParams, AckRow & { busy: string[]; inserted: number }>;
   /**
-   * `ackFollowUpKeys` for deliveries that may head a key, in ONE statement: every follow-up key's lock
-   * tried first; the deliveries whose follow-up keys were all taken go through `ack_keyed` (heads' key
-   * locks tried, successors promoted and handed off), then the follow-ups of those it deleted are inserted.
-   * Answers as `ackKeyed`, the deliveries with a busy follow-up key among the `busy` ones. Holding the
-   * follow-up keys for one statement, not a transaction's round trips, is what keeps two workers whose
-   * follow-ups share keys from refusing each other.
+   * `ackFollowUpKeys` for deliveries that may head a key, in ONE statement (the follow-up keys are held for
+   * one statement, not a transaction's round trips): turns and follow-up keys first; the deliveries whose
+   * follow-up keys were all taken go through `ack_keyed` (heads' key locks tried, successors promoted and
+   * handed off), then the follow-ups of those it deleted are inserted. Answers as `ackKeyed`, the
+   * deliveries with a busy follow-up key among the `busy` ones.
    */
   ackKeyedFollowUps: Query<KeyedFollowUpParams, AckKeyedRow>;
   /** `ackKeyedFollowUps` through `ack_key_heads`: the parents' queues and keys as passed (`textArray`). */
@@ -114,7 +114,13 @@ export interface FollowUpParams {
   wake: string[];
 }
 
-export type KeyedFollowUpParams = DeliveryParams & FollowUpParams & Omit<PromoteParams, "queues" | "keys">;
+/**
+ * The ack of deliveries with keyed follow-ups: the follow-ups, and how long the statement may wait for a
+ * lock (its turns first: the server gives up before the caller's query timeout, error 55P03).
+ */
+export type FollowUpKeyParams = DeliveryParams & FollowUpParams & { turnTimeoutMs: number };
+
+export type KeyedFollowUpParams = FollowUpKeyParams & Omit<PromoteParams, "queues" | "keys">;
 
 export type DeadParams = DeliveryParams & {
   reasons: string[];
@@ -267,22 +273,42 @@ FROM gone AS g`;
   SELECT count(pg_notify($${at + 7}::text, q.queue)) AS sent
   FROM unnest($${at + 8}::text[]) AS q(queue) WHERE q.queue IN (SELECT i.queue FROM inserted AS i)
 )`;
-  // Each follow-up key's lock is only tried (waiting could deadlock with a producer taking several keys in
-  // its own order). The aggregate reads every row of `tried`, so every key is tried before any parent is
-  // deleted: the insert's own key locks then never wait. `blocked`: parents with a busy key, which stay.
-  const followUpKeyTries = (parents: number, queues: number, keys: number) => `tried AS MATERIALIZED (
-  SELECT k.queue, k.key, ${TRY_KEY_LOCK("k.queue", "k.key")} AS taken FROM (
-    SELECT DISTINCT f.queue, f.key FROM unnest($${queues}::text[], $${keys}::text[]) AS f(queue, key)
-    WHERE f.key IS NOT NULL ORDER BY 1, 2
-  ) AS k
+  // An ack with keyed follow-ups first waits for its turns (ACK_TURN), bounded by lock_timeout: only such
+  // acks take turns, in bucket order, before any other lock of their statement, so two of them sharing keys
+  // queue instead of refusing each other. Then each key's lock is only tried: a producer may hold it, and
+  // waiting could deadlock with one taking several keys in its own order. The aggregates read every row:
+  // every key is tried before any parent is deleted, so the insert's own key locks never wait.
+  // `blocked`: the parents with a busy key, which stay.
+  const followUpKeyTries = (at: {
+    parents: number;
+    queues: number;
+    keys: number;
+    scope: number;
+    timeout: number;
+  }) => {
+    const followUpKeys = `unnest($${at.queues}::text[], $${at.keys}::text[]) AS f(queue, key) WHERE f.key IS NOT NULL`;
+    return `turn_wait AS MATERIALIZED (
+  SELECT set_config('lock_timeout', $${at.timeout}::text, true) AS lock_timeout
+), turns AS MATERIALIZED (
+  SELECT count(*) AS n FROM (
+    SELECT ${ACK_TURN(`$${at.scope}::text || ' ack turns'`, "t.bucket")} FROM (
+      SELECT DISTINCT ${TURN_BUCKET("f.queue", "f.key")} AS bucket FROM ${followUpKeys}
+        AND (SELECT w.lock_timeout FROM turn_wait AS w) IS NOT NULL
+      ORDER BY 1
+    ) AS t
+  ) AS taken
+), tried AS MATERIALIZED (
+  SELECT k.queue, k.key, CASE WHEN w.n >= 0 THEN ${TRY_KEY_LOCK("k.queue", "k.key")} END AS taken
+  FROM (SELECT DISTINCT f.queue, f.key FROM ${followUpKeys} ORDER BY 1, 2) AS k CROSS JOIN turns AS w
 ), busy_keys AS MATERIALIZED (
   SELECT COALESCE(array_agg(t.queue), '{}') AS queues, COALESCE(array_agg(t.key), '{}') AS keys
   FROM tried AS t WHERE NOT t.taken
 ), blocked AS MATERIALIZED (
   SELECT COALESCE(array_agg(DISTINCT f.parent_id), '{}') AS ids
-  FROM unnest($${parents}::bigint[], $${queues}::text[], $${keys}::text[]) AS f(parent_id, queue, key), busy_keys AS b
+  FROM unnest($${at.parents}::bigint[], $${at.queues}::text[], $${at.keys}::text[]) AS f(parent_id, queue, key), busy_keys AS b
   WHERE (f.queue, f.key) IN (SELECT * FROM unnest(b.queues, b.keys))
 )`;
+  };
   // The long statements below open with a comment naming them: pg_stat_activity cuts a query's text at 1 kB.
   // Columns of an ack_keyed row past kind and delivery, empty.
   const NO_ROW =
@@ -293,11 +319,12 @@ FROM gone AS g`;
     const fn = heads ? "ack_key_heads" : "ack_keyed";
     const parentKeys = heads ? ", m.queues, m.keys" : "";
     const params = "$12::int, $13::uuid, $14::double precision, $15::text, $16::boolean";
-    return `/* ${fn} with follow-ups */ WITH ${followUpKeyTries(3, 4, 7)}, mine AS MATERIALIZED (
+    const tries = followUpKeyTries({ parents: 3, queues: 4, keys: 7, scope: 10, timeout: 17 });
+    return `/* ${fn} with follow-ups */ WITH ${tries}, mine AS MATERIALIZED (
   SELECT array_agg(d.id ORDER BY d.ord) AS ids, array_agg(d.token ORDER BY d.ord) AS tokens${
     heads ? ", array_agg(d.queue ORDER BY d.ord) AS queues, array_agg(d.key ORDER BY d.ord) AS keys" : ""
   }
-  FROM unnest($1::bigint[], $2::uuid[]${heads ? ", $17::text[], $18::text[]" : ""}) WITH ORDINALITY
+  FROM unnest($1::bigint[], $2::uuid[]${heads ? ", $18::text[], $19::text[]" : ""}) WITH ORDINALITY
     AS d(id, token, ${heads ? "queue, key, " : ""}ord), blocked AS b
   WHERE NOT (d.id = ANY (b.ids))
 ), a AS MATERIALIZED (
@@ -328,6 +355,7 @@ FROM unnest($1::bigint[], $2::uuid[]) AS d(id, token), blocked AS b WHERE d.id =
     p.leaseTtlMs,
     p.workerId,
     settings.synchronousCommit,
+    p.turnTimeoutMs,
   ];
   const followUpValues = (p: FollowUpParams) => [
     p.parents,
@@ -357,7 +385,7 @@ FROM gone`,
     ),
     ackFollowUpKeys: defineQuery(
       "ack_follow_up_keys",
-      `/* DELETE with keyed follow-ups */ ${withSettings(settings, true)}${followUpKeyTries(3, 4, 7)}, gone AS (
+      `/* DELETE with keyed follow-ups */ ${withSettings(settings, true)}${followUpKeyTries({ parents: 3, queues: 4, keys: 7, scope: 10, timeout: 12 })}, gone AS (
   DELETE FROM ${m} AS t USING ${pairs} AS d(id, token), blocked AS b${also}
   WHERE t.id = d.id AND t.acquired_token = d.token AND NOT (t.id = ANY (b.ids))
   RETURNING t.id, ${KEY} AS key
@@ -369,7 +397,7 @@ SELECT count(*)::int AS deleted,
        (SELECT count(*)::int FROM inserted) AS inserted,
        (SELECT sent FROM wake) AS sent
 FROM gone`,
-      (p) => [p.ids, p.tokens, ...followUpValues(p)],
+      (p) => [p.ids, p.tokens, ...followUpValues(p), p.turnTimeoutMs],
     ),
     ackKeyedFollowUps: defineQuery("ack_keyed_follow_ups", keyedFollowUpAck(false), keyedFollowUpValues),
     ackKeyHeadsFollowUps: defineQuery("ack_key_heads_follow_ups", keyedFollowUpAck(true), (p) => [
