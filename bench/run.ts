@@ -14,6 +14,7 @@ import { execFileSync } from "node:child_process";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import pg from "pg";
+import type { FollowUpKeyResult } from "./follow-up-keys.js";
 import type { FollowUpResult } from "./follow-ups.js";
 import type {
   DrainResult,
@@ -1147,6 +1148,57 @@ async function followUpsSection() {
   );
 }
 
+/**
+ * Ack latency of parents whose follow-ups share a few keys, with two workers (bench/follow-up-keys.ts, in a
+ * process of its own: each worker a child process), issue 26.5. Several runs: how the two workers' batches
+ * interleave differs run by run, so the spread is part of the figure.
+ */
+async function followUpKeysSection() {
+  const rows = quick ? 5_000 : 20_000;
+  const keyRuns = Math.max(runs, 5);
+  const args = ["--rows", String(rows), "--keys", "50", "--runs", String(keyRuns), "--json"];
+  progress(`follow-up keys ${args.join(" ")}`);
+  const output = execFileSync(process.execPath, ["--import", "tsx", "bench/follow-up-keys.ts", ...args], {
+    cwd: ROOT,
+    encoding: "utf8",
+    env: { ...process.env, DATABASE_URL },
+  });
+  const results = JSON.parse(output.trim().split("\n").at(-1) ?? "[]") as FollowUpKeyResult[];
+  say("## Follow-up messages on shared keys: ack latency with two workers");
+  say();
+  say(
+    `Command: \`node --import tsx bench/follow-up-keys.ts ${args.filter((a) => a !== "--json").join(" ")}\`. ${fmt(rows)} parent rows ` +
+      "up front, each worker a child process (`createWorker`, concurrency 10, defaults), each handler returns one follow-up " +
+      "to a queue no worker serves; each run waits for an idle machine first. Ack latency: from the handler's return to " +
+      "the worker's `acked` event. `keyless`: the follow-ups have no key; `keyed`: follow-up n has key `k<n % 50>`; " +
+      "`keyed-1w`: the same with one worker; `keyed-parents`: as `keyed`, each parent with a key of its own. " +
+      `Per mode, the median of ${keyRuns} runs and their range; busy answers: deliveries answered busy (a key lock held ` +
+      "elsewhere) per parent.",
+  );
+  say();
+  table(
+    ["mode", "workers", "ack p50 ms", "ack p99 ms", "ack max ms", "parents/s", "busy answers per parent"],
+    results.map((x) => [
+      x.mode,
+      x.mode === "keyed-1w" ? "1" : "2",
+      mr(x.p50),
+      mr(x.p99),
+      mr(x.max),
+      mr(x.rates),
+      mr(x.busy, 2),
+    ]),
+  );
+  const keyed = results.find((x) => x.mode === "keyed");
+  if (keyed) {
+    const worst = Math.max(...keyed.p99);
+    targets.push({
+      what: "follow-ups on 50 shared keys, two workers: ack p99 ≤ 1 s in every run",
+      measured: `${fmt(worst)} ms (worst run)`,
+      holds: worst <= 1000,
+    });
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ run
 
 const drain = only.includes("drain") ? await drainSection() : undefined;
@@ -1155,7 +1207,10 @@ if (only.includes("producer")) await producerSection();
 const scale = only.includes("scale") ? (await scaleSection(drain)).results : undefined;
 if (drain || scale) roundTripSection(drain, scale);
 if (only.includes("ordering")) await orderingSection();
-if (only.includes("followups")) await followUpsSection();
+if (only.includes("followups")) {
+  await followUpsSection();
+  await followUpKeysSection();
+}
 
 say("## Settings per system");
 say();
