@@ -255,6 +255,21 @@ function violations(h: Harness, result: StopResult): string[] {
     }
   }
 
+  // A lease the engine took back (reclaim) was one it no longer worked on: no outcome or renewal follows.
+  const reclaimedAt = new Map<string, number>();
+  for (const r of records) {
+    if (r.call !== "reclaim") continue;
+    for (const d of r.deliveries) if (!reclaimedAt.has(key(d))) reclaimedAt.set(key(d), r.seq);
+  }
+  for (const r of records) {
+    if (r.failed || !["ack", "retry", "deadLetter", "renew"].includes(r.call)) continue;
+    for (const d of r.deliveries) {
+      const at = reclaimedAt.get(key(d));
+      if (at !== undefined && at < r.seq)
+        problems.push(`${r.call} of ${key(d)} after reclaim took its lease`);
+    }
+  }
+
   // lease_lost names each delivery once.
   const lostAt = new Map<string, number>();
   for (const e of events) {
@@ -395,7 +410,9 @@ async function takeover(
 type Step =
   | { t: "wait"; events: number }
   | { t: "takeover"; picks: number[]; finish: "ack" | "retry" | "release" }
-  | { t: "fail"; call: StoreCall; times: number };
+  | { t: "fail"; call: StoreCall; times: number }
+  /** Take back stale leases, as after a database restart: there are none to take, held rows stay held. */
+  | { t: "reclaim" };
 
 interface Scenario extends EngineSpec {
   steps: Step[];
@@ -427,6 +444,8 @@ async function runScenario(s: Scenario): Promise<{ h: Harness; result: StopResul
         await waitFor(() => outcomeEvents(h) >= before + step.events || h.table.rows.size === 0, 50);
       } else if (step.t === "fail") {
         h.store.failNext(step.call, step.times);
+      } else if (step.t === "reclaim") {
+        await h.engine.reclaimStale();
       } else {
         const problem = await takeover(h, step.picks, step.finish);
         if (problem) problems.push(problem);
@@ -480,6 +499,7 @@ const step: fc.Arbitrary<Step> = fc.oneof(
       finish: fc.constantFrom("ack" as const, "retry" as const, "release" as const),
     }),
   },
+  { weight: 1, arbitrary: fc.constant({ t: "reclaim" as const }) },
   {
     weight: 2,
     arbitrary: fc.record({
@@ -530,6 +550,8 @@ describe("engine model (in-memory lease store, competing worker)", () => {
         for (const e of h.journal.events)
           saw(`event ${e.name}${e.name === "lease_lost" ? ` (${e.payload.phase})` : ""}`);
         for (const r of h.journal.records) if (r.failed) saw(`injected ${r.call} failure`);
+        for (const r of h.journal.records)
+          if (r.call === "reclaim") saw("rows reclaimed", r.deliveries.length);
         saw("competitor acked", h.competitorAcked.length);
         saw("rows left in table", h.table.rows.size);
       }),

@@ -8,6 +8,7 @@ import {
   type Delivery,
   type Landed,
   type LeaseStore,
+  type ReclaimedLease,
   type RetryWrite,
   type RowFate,
 } from "./store.js";
@@ -311,5 +312,19 @@ export class MemoryLeaseStore implements LeaseStore {
         row.leaseExpiresAt = now + this.#options.leaseTtlMs;
       },
     );
+  }
+
+  async reclaim(tokens: readonly string[], held: readonly Delivery[]): Promise<ReclaimedLease[]> {
+    const own = new Set(tokens);
+    const kept = new Set(held.map((d) => `${d.id}/${d.token}`));
+    const cleared: ReclaimedLease[] = [];
+    for (const row of this.#table.rows.values()) {
+      if (!this.#options.queues.includes(row.queue) || row.token === null || !own.has(row.token)) continue;
+      if (kept.has(`${row.id}/${row.token}`)) continue;
+      cleared.push({ id: row.id, token: row.token, queue: row.queue });
+      // Not `release`: deliveries stay counted.
+      this.#clearLease(row);
+    }
+    return cleared;
   }
 }

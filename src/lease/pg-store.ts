@@ -23,6 +23,7 @@ import {
 } from "../sql/executor.js";
 import { fetchStatement, type LeasedRow } from "../sql/fetch.js";
 import type { OutboxNames } from "../sql/names.js";
+import { reclaimStatement } from "../sql/own-leases.js";
 import { NotifyThrottle } from "../util/notify-throttle.js";
 import {
   type AckWrite,
@@ -112,6 +113,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
   const settings = { synchronousCommit: options.synchronousCommit };
   const leaseSql = fetchStatement(options.names, settings);
   const sql = completeStatements(options.names, settings);
+  const reclaimSql = reclaimStatement(options.names, settings);
   const queues = [...options.queues];
   const unorderedQueues = [...(options.unorderedQueues ?? [])];
   const unordered = new Set(unorderedQueues);
@@ -472,6 +474,12 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
 
     async renew(deliveries) {
       return landed(await query(sql.renew, { ...pairs(byId(deliveries)), leaseTtlMs: options.leaseTtlMs }));
+    },
+
+    async reclaim(tokens, held) {
+      if (tokens.length === 0) return [];
+      const { ids, tokens: heldTokens } = pairs(held);
+      return query(reclaimSql, { queues, tokens: plainArray(tokens), heldIds: ids, heldTokens });
     },
   };
 }

@@ -99,6 +99,19 @@ export interface LeaseStore {
   renew(deliveries: readonly Delivery[]): Promise<Landed>;
   /** Where each delivery's row is now, in input order; reads only (no lock, no lease). */
   whereabouts(deliveries: readonly Delivery[]): Promise<RowFate[]>;
+  /**
+   * Clear the leases under `tokens` (leases this process took) of rows for which no delivery in `held`
+   * is held: a server crash undid their outcome writes, and nothing will write for them again. The rows are
+   * due at once; unlike `release`, the delivery that ended stays counted (it ended without an outcome).
+   */
+  reclaim(tokens: readonly string[], held: readonly Delivery[]): Promise<ReclaimedLease[]>;
+}
+
+/** A delivery whose stale lease `reclaim` cleared, with its row's queue. */
+export interface ReclaimedLease {
+  readonly id: string;
+  readonly token: string;
+  readonly queue: string;
 }
 
 /**

@@ -81,6 +81,11 @@ export function createMetrics(opts: MetricsOptions): Metrics {
   );
   const loopErrors = counter("outbox_loop_errors_total", "Failed database round trips per loop.", ["loop"]);
   const released = counter("outbox_released_total", "Fetched rows handed back unstarted on stop.");
+  const reclaimed = counter(
+    "outbox_reclaimed_total",
+    "Rows a database crash left under this worker's own leases, made due at once instead of after the lease TTL.",
+    ["queue"],
+  );
   const expiredDead = counter(
     "outbox_dead_letters_expired_total",
     "Dead letters deleted by the retention job (deadLetterRetentionMs).",
@@ -234,6 +239,9 @@ export function createMetrics(opts: MetricsOptions): Metrics {
       worker.on("handler_timeout", (e) => timeouts.inc({ queue: e.queue })),
       worker.on("loop_error", (e) => loopErrors.inc({ loop: e.loop })),
       worker.on("released", (e) => released.inc(e.count)),
+      worker.on("reclaimed", (e) => {
+        for (const [queue, n] of Object.entries(e.queues)) reclaimed.inc({ queue }, n);
+      }),
       worker.on("event_loop_blocked", (e) => blocked.observe(e.blockedMs / 1000)),
       worker.on("listener", (e) => {
         for (const state of LISTENER_STATES) listener.set({ state }, state === e.state ? 1 : 0);

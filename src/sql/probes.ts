@@ -10,6 +10,21 @@ export interface PingRow {
 /** The cheapest round trip: the server is up and takes queries (readiness, startup wait, embedded start). */
 export const pingStatement: Query<NoParams, PingRow> = defineQuery("ping", "SELECT 1 AS ok", () => []);
 
+export interface ServerStartedRow {
+  /** When the postmaster started, as text (exact: compared, never computed with). */
+  started: string;
+}
+
+/**
+ * When the server answering started: a change says it restarted (a crash, a failover to another server)
+ * and may have lost the last writes made with `synchronous_commit = off`.
+ */
+export const serverStartedStatement: Query<NoParams, ServerStartedRow> = defineQuery(
+  "server_started",
+  "SELECT pg_postmaster_start_time()::text AS started",
+  () => [],
+);
+
 export interface MissingPrivilegesRow {
   /** "UPDATE on outbox.messages" and the like; empty when the user may do all the worker does. */
   missing: string[];

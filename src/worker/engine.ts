@@ -10,6 +10,7 @@ import type { LeasePhase, WorkerEmitter } from "./events.js";
 import { HeldSet, payloadBytes } from "./held-set.js";
 import type { LoopHealth } from "./loop-health.js";
 import type { ResolvedOptions } from "./options.js";
+import { OwnLeases } from "./own-leases.js";
 
 /** How {@link Worker.stop} went: whether the worker drained, or what it left behind. */
 export interface StopResult {
@@ -44,6 +45,11 @@ export interface Engine {
   shutdown(timeoutMs: number, alongside?: Promise<unknown>): Promise<StopResult>;
   /** Deliveries held right now (queued, running, completing). */
   readonly held: number;
+  /**
+   * Clear now the leases of rows left under this worker's own tokens that it no longer holds (a database
+   * crash undid their outcome writes), so they are delivered again at once → how many. Nothing once stopping.
+   */
+  reclaimStale(): Promise<number>;
 }
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
@@ -82,6 +88,16 @@ export function createEngine(deps: EngineDeps): Engine {
   // are bounded too (maxHeldBytes): rows of a megabyte must not be held by the hundred.
   const held = new HeldSet();
   const queue = new LocalQueue<HeldRow>(capacity);
+  // Tokens are this process's identity (acquired_by is shared by processes on one host): rows left under
+  // one of them that it no longer holds are stale, and are taken back after a crash (reclaimStale).
+  const own = new OwnLeases({
+    store,
+    held: () => held,
+    keepMs: options.leaseTtlMs + options.queryTimeoutMs,
+    log,
+    emitter,
+    wake: () => fetcher.trigger(),
+  });
 
   /** A write or a renewal found another token on the row: the newer owner wins, this delivery is dropped. */
   function forget(h: HeldRow, phase: LeasePhase): void {
@@ -259,6 +275,7 @@ export function createEngine(deps: EngineDeps): Engine {
         if (stalled && h.state === "completing") continue;
         rows.push(h);
       }
+      own.wrote(rows);
       return rows;
     },
     lost: (h) => forget(h, "heartbeat"),
@@ -295,6 +312,7 @@ export function createEngine(deps: EngineDeps): Engine {
   /** Rows leased to this worker (a fetch, or a hand-off by a completion) join the local queue. */
   function take(batch: HeldRow[]): void {
     if (batch.length === 0) return;
+    own.wrote(batch);
     // A lease that outlived the stop's wait for it (a slow round trip), or more than fits: give the rows
     // straight back. The reservations keep the second from happening; this keeps the queue's bound anyway.
     const fits = queue.closed ? 0 : Math.min(batch.length, queue.free);
@@ -402,5 +420,6 @@ export function createEngine(deps: EngineDeps): Engine {
     get held() {
       return held.size;
     },
+    reclaimStale: () => (stopping ? Promise.resolve(0) : own.reclaim()),
   };
 }

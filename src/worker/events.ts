@@ -25,6 +25,11 @@ export interface WorkerEvents {
   /** `stillRunning`: timed-out handlers that ignored their signal and have not returned yet. */
   handler_timeout: { id: string; queue: string; timeoutMs: number; stillRunning: number };
   released: { count: number };
+  /**
+   * After the database restarted: rows left under this worker's own leases that it no longer holds (the
+   * crash undid their outcome writes) were made due at once, instead of after the lease TTL.
+   */
+  reclaimed: { count: number; queues: Record<string, number> };
   listener: { state: ListenerState; detail?: string };
   loop_error: { loop: LoopName; error: Error; consecutive: number };
   drain_timeout: { abandoned: string[] };

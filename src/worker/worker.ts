@@ -2,14 +2,17 @@ import pg from "pg";
 import pino, { type Logger } from "pino";
 import { createPgLeaseStore } from "../lease/pg-store.js";
 import { createNotifier, type Notifier } from "../notify/notifier.js";
+import { runQuery } from "../sql/executor.js";
 import { outboxNames } from "../sql/names.js";
+import { serverStartedStatement } from "../sql/probes.js";
 import { redactConnectionString, registerUrlSecrets } from "../util/redact.js";
 import { createEngine, type StopResult, within } from "./engine.js";
-import { WorkerEmitter, type WorkerEventName, type WorkerEvents } from "./events.js";
 import { EventLoopWatch } from "./event-loop-watch.js";
+import { WorkerEmitter, type WorkerEventName, type WorkerEvents } from "./events.js";
 import { KeyHeadRepair } from "./key-head-repair.js";
 import { LoopHealth } from "./loop-health.js";
 import { type ResolvedOptions, resolveWorkerOptions, type WorkerOptions } from "./options.js";
+import { RestartWatch } from "./restart-watch.js";
 
 export type { StopResult };
 
@@ -120,6 +123,23 @@ export function createWorker(input: WorkerOptions): Worker {
     queryTimeoutMs: options.queryTimeoutMs,
     log,
   });
+  // After a database crash, rows whose outcome writes it undid are taken back at once (not after the TTL).
+  const restartWatch = new RestartWatch({
+    serverStarted: async () => {
+      if (!pool) throw new Error("worker is not started");
+      const [row] = await runQuery(pool, serverStartedStatement, {}, { timeoutMs: options.queryTimeoutMs });
+      return row?.started ?? "";
+    },
+    reclaim: () => engine.reclaimStale(),
+    everyMs: options.heartbeatMs,
+    backoffBaseMs: options.loopBackoffBaseMs,
+    backoffMaxMs: options.loopBackoffMaxMs,
+    log,
+  });
+  emitter.on("loop_error", () => restartWatch.lostContact());
+  emitter.on("listener", (e) => {
+    if (e.state === "reconnecting") restartWatch.lostContact();
+  });
 
   // A blocked loop renews nothing: past the lease, another worker may start the same rows. Said at once.
   const loopWatch = new EventLoopWatch({
@@ -162,9 +182,10 @@ export function createWorker(input: WorkerOptions): Worker {
       pool = options.connection;
     }
     // An idle client killed by the server emits 'error' on the pool; unhandled, it would crash the process.
-    pool.on("error", (error) =>
-      log.warn({ err: error }, "idle database connection failed; the pool replaces it"),
-    );
+    pool.on("error", (error) => {
+      log.warn({ err: error }, "idle database connection failed; the pool replaces it");
+      restartWatch.lostContact();
+    });
     log.info(
       {
         queues: queueNames,
@@ -217,13 +238,14 @@ export function createWorker(input: WorkerOptions): Worker {
     // announced to a listener that is already there, never neither.
     engine.startFetching();
     keyHeadRepair.start();
+    restartWatch.start();
     emitter.emit("started", { workerId: options.workerId, queues: queueNames });
   }
 
   async function shutdown(timeoutMs: number): Promise<StopResult> {
     log.info({ timeoutMs }, "worker stopping: no new leases");
-    // The listener stops alongside the fetcher: no wake-up matters any more.
-    const result = await engine.shutdown(timeoutMs, notifier?.stop());
+    // The listener and the restart watch stop alongside the fetcher: no wake-up matters any more.
+    const result = await engine.shutdown(timeoutMs, Promise.all([notifier?.stop(), restartWatch.stop()]));
     await keyHeadRepair.stop();
     loopWatch.stop();
     if (ownsPool) await within(pool?.end().catch(() => {}) ?? Promise.resolve(), Math.max(1000, timeoutMs));

@@ -329,6 +329,42 @@ export function leaseStoreContract(name: string, harness: () => LeaseStoreHarnes
       expect(left).toBeLessThanOrEqual(60_000);
     });
 
+    it("reclaim clears only its own tokens' leases of rows not held: not another process's of the same workerId", async () => {
+      const h = harness();
+      // One host name, two processes: acquired_by is the same, the tokens are not.
+      const [mine, theirs] = [h.store({ workerId: "host" }), h.store({ workerId: "host" })];
+      const ids = await h.insert("a", 5);
+      const lease = await mine.lease(3);
+      const other = await theirs.lease(2);
+      const [kept, stale, alsoStale] = deliveries(lease.token, ids.slice(0, 3)) as [
+        Delivery,
+        Delivery,
+        Delivery,
+      ];
+      expect(await mine.reclaim([], [kept])).toEqual([]);
+      const taken = await mine.reclaim([lease.token, randomUUID()], [kept]);
+      expect(taken.map((r) => r.id).sort()).toEqual([stale.id, alsoStale.id].sort());
+      expect(taken.every((r) => r.queue === "a" && r.token === lease.token)).toBe(true);
+      // Cleared, and still counted: unlike release, the delivery that ended without an outcome stays.
+      for (const d of [stale, alsoStale]) {
+        expect(await h.row(d.id)).toMatchObject({ leased: false, deliveries: 1, due: true });
+      }
+      expect(await h.row(kept.id)).toMatchObject({ token: lease.token });
+      expect((await h.row(kept.id))?.leaseLeftMs).toBeGreaterThan(10_000);
+      for (const id of ids.slice(3)) {
+        expect(await h.row(id)).toMatchObject({ token: other.token });
+        expect((await h.row(id))?.leaseLeftMs).toBeGreaterThan(10_000);
+      }
+      const again = await theirs.lease(10);
+      expect(again.rows.map((r) => [r.id, r.deliveries_count]).sort()).toEqual(
+        [
+          [stale.id, 2],
+          [alsoStale.id, 2],
+        ].sort(),
+      );
+      expect(await mine.reclaim([lease.token], [kept])).toEqual([]);
+    });
+
     it("whereabouts tells a held, unleased, taken, dead-lettered and deleted row apart, in input order", async () => {
       const h = harness();
       const [one, two] = [h.store({ workerId: "one" }), h.store({ workerId: "two" })];

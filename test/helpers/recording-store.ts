@@ -6,11 +6,12 @@ import type {
   Landed,
   Lease,
   LeaseStore,
+  ReclaimedLease,
   RetryWrite,
   RowFate,
 } from "../../src/lease/store.js";
 
-export type StoreCall = "lease" | "ack" | "retry" | "deadLetter" | "release" | "renew";
+export type StoreCall = "lease" | "ack" | "retry" | "deadLetter" | "release" | "renew" | "reclaim";
 
 /** One delivery named by a write: its token, the row's token just before the write, and whether it landed. */
 export interface WrittenDelivery {
@@ -199,5 +200,20 @@ export class RecordingStore implements LeaseStore {
   /** A read: not journalled (it writes nothing). */
   whereabouts(deliveries: readonly Delivery[]): Promise<RowFate[]> {
     return this.inner.whereabouts(deliveries);
+  }
+
+  /** Journalled with the deliveries whose leases it cleared (`rowToken`: the token the row had). */
+  async reclaim(tokens: readonly string[], held: readonly Delivery[]): Promise<ReclaimedLease[]> {
+    // The memory store clears them when called: that is their place in the journal.
+    const seq = this.journal.next();
+    const cleared = await this.inner.reclaim(tokens, held);
+    this.journal.push({
+      type: "store",
+      seq,
+      call: "reclaim",
+      failed: false,
+      deliveries: cleared.map((d) => ({ id: d.id, token: d.token, rowToken: d.token, landed: true })),
+    });
+    return cleared;
   }
 }
