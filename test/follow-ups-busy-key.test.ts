@@ -3,7 +3,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import type { PreparedFollowUp } from "../src/contract/follow-up.js";
 import { heldRows } from "../src/lease/held.js";
 import { createPgLeaseStore } from "../src/lease/pg-store.js";
-import { ACK_TURN, TURN_BUCKET } from "../src/sql/key-lock.js";
+import { ACK_TURN, ACK_TURN_ID } from "../src/sql/key-lock.js";
 import { testDatabase } from "./helpers/database.js";
 import { publisherFor, until } from "./helpers/worker.js";
 
@@ -182,15 +182,12 @@ describe("an ack whose turn does not come", () => {
     const s = store(busyRounds, undefined, 10_000);
     const [parent] = heldRows(...(await leaseOne(s)));
     if (!parent) throw new Error("the parent leased");
-    // An ack stuck ahead of it, holding the turn of S's bucket.
+    // An ack stuck ahead of it, holding the turn on S.
     const stuck = await db.pool.connect();
     const write = { held: parent, followUps: [follow({ parent: 1 }, "S")] };
     try {
       await stuck.query("BEGIN");
-      await stuck.query(
-        `SELECT ${ACK_TURN("$1::text || ' ack turns'", TURN_BUCKET("$2::text", "$3::text"))}`,
-        [db.names.channel, "child", "S"],
-      );
+      await stuck.query(`SELECT ${ACK_TURN(ACK_TURN_ID("$1::text", "$2::text"))}`, ["child", "S"]);
       const landed = await s.ack([write]);
       expect(landed.has(parent)).toBe(false);
       expect(landed.busy?.(parent)).toBe(true);

@@ -1,6 +1,6 @@
 import { defineQuery, type Query } from "./executor.js";
 import type { LeasedRow } from "./fetch.js";
-import { ACK_TURN, KEY_LOCK, TRY_KEY_LOCK, TURN_BUCKET } from "./key-lock.js";
+import { ACK_TURN, ACK_TURN_ID, KEY_LOCK, TRY_KEY_LOCK, TURN_LIMIT } from "./key-lock.js";
 import type { OutboxNames } from "./names.js";
 import { type StatementSettings, settingsJoin, withSettings } from "./settings.js";
 
@@ -273,28 +273,22 @@ FROM gone AS g`;
   SELECT count(pg_notify($${at + 7}::text, q.queue)) AS sent
   FROM unnest($${at + 8}::text[]) AS q(queue) WHERE q.queue IN (SELECT i.queue FROM inserted AS i)
 )`;
-  // An ack with keyed follow-ups first waits for its turns (ACK_TURN), bounded by lock_timeout: only such
-  // acks take turns, in bucket order, before any other lock of their statement, so two of them sharing keys
-  // queue instead of refusing each other. Then each key's lock is only tried: a producer may hold it, and
+  // An ack with keyed follow-ups first waits for its turns (ACK_TURN, its lowest TURN_LIMIT), bounded by
+  // lock_timeout: only such acks take turns, in id order, before any other lock of their statement, so two
+  // of them sharing keys queue instead of refusing each other. Then each key's lock is only tried: a producer may hold it, and
   // waiting could deadlock with one taking several keys in its own order. The aggregates read every row:
   // every key is tried before any parent is deleted, so the insert's own key locks never wait.
   // `blocked`: the parents with a busy key, which stay.
-  const followUpKeyTries = (at: {
-    parents: number;
-    queues: number;
-    keys: number;
-    scope: number;
-    timeout: number;
-  }) => {
+  const followUpKeyTries = (at: { parents: number; queues: number; keys: number; timeout: number }) => {
     const followUpKeys = `unnest($${at.queues}::text[], $${at.keys}::text[]) AS f(queue, key) WHERE f.key IS NOT NULL`;
     return `turn_wait AS MATERIALIZED (
   SELECT set_config('lock_timeout', $${at.timeout}::text, true) AS lock_timeout
 ), turns AS MATERIALIZED (
   SELECT count(*) AS n FROM (
-    SELECT ${ACK_TURN(`$${at.scope}::text || ' ack turns'`, "t.bucket")} FROM (
-      SELECT DISTINCT ${TURN_BUCKET("f.queue", "f.key")} AS bucket FROM ${followUpKeys}
+    SELECT ${ACK_TURN("t.id")} FROM (
+      SELECT DISTINCT ${ACK_TURN_ID("f.queue", "f.key")} AS id FROM ${followUpKeys}
         AND (SELECT w.lock_timeout FROM turn_wait AS w) IS NOT NULL
-      ORDER BY 1
+      ORDER BY 1 LIMIT ${TURN_LIMIT}
     ) AS t
   ) AS taken
 ), tried AS MATERIALIZED (
@@ -319,7 +313,7 @@ FROM gone AS g`;
     const fn = heads ? "ack_key_heads" : "ack_keyed";
     const parentKeys = heads ? ", m.queues, m.keys" : "";
     const params = "$12::int, $13::uuid, $14::double precision, $15::text, $16::boolean";
-    const tries = followUpKeyTries({ parents: 3, queues: 4, keys: 7, scope: 10, timeout: 17 });
+    const tries = followUpKeyTries({ parents: 3, queues: 4, keys: 7, timeout: 17 });
     return `/* ${fn} with follow-ups */ WITH ${tries}, mine AS MATERIALIZED (
   SELECT array_agg(d.id ORDER BY d.ord) AS ids, array_agg(d.token ORDER BY d.ord) AS tokens${
     heads ? ", array_agg(d.queue ORDER BY d.ord) AS queues, array_agg(d.key ORDER BY d.ord) AS keys" : ""
@@ -385,7 +379,7 @@ FROM gone`,
     ),
     ackFollowUpKeys: defineQuery(
       "ack_follow_up_keys",
-      `/* DELETE with keyed follow-ups */ ${withSettings(settings, true)}${followUpKeyTries({ parents: 3, queues: 4, keys: 7, scope: 10, timeout: 12 })}, gone AS (
+      `/* DELETE with keyed follow-ups */ ${withSettings(settings, true)}${followUpKeyTries({ parents: 3, queues: 4, keys: 7, timeout: 12 })}, gone AS (
   DELETE FROM ${m} AS t USING ${pairs} AS d(id, token), blocked AS b${also}
   WHERE t.id = d.id AND t.acquired_token = d.token AND NOT (t.id = ANY (b.ids))
   RETURNING t.id, ${KEY} AS key

@@ -13,17 +13,19 @@ export const TRY_KEY_LOCK = (queue: string, key: string): string =>
   `pg_try_advisory_xact_lock(hashtext(${queue}), hashtext(${key}))`;
 
 /**
- * An ack's turn on the follow-up keys of one bucket (of TURN_BUCKETS, by the keys' hash), in the
- * namespace `scope` (text: one per outbox schema). Only the worker's acks with keyed follow-ups take
- * turns, waiting, in bucket order and before any other lock of their statement: two acks sharing keys then
+ * An ack's turn on a follow-up key, as SQL taking the turn's id (ACK_TURN_ID): an advisory lock in the
+ * one-bigint space, apart from the key locks (two int4). Only the worker's acks with keyed follow-ups take
+ * turns, waiting, in id order and before any other lock of their statement: two acks sharing keys then
  * queue instead of finding each other's key locks busy, and no one holding a key lock ever waits for a turn.
  */
-export const ACK_TURN = (scope: string, bucket: string): string =>
-  `pg_advisory_xact_lock(hashtext(${scope}), ${bucket})`;
+export const ACK_TURN = (id: string): string => `pg_advisory_xact_lock(${id})`;
 
-/** Buckets of ACK_TURN: the locks an ack takes for its turns are bounded, whatever its keys. */
-export const TURN_BUCKETS = 64;
+/** The ACK_TURN id of (queue, key): the key lock's two hashes as one bigint. */
+export const ACK_TURN_ID = (queue: string, key: string): string =>
+  `((hashtext(${queue})::bigint << 32) | (hashtext(${key})::bigint & 4294967295))`;
 
-/** The ACK_TURN bucket of (queue, key), as SQL. */
-export const TURN_BUCKET = (queue: string, key: string): string =>
-  `((hashtext(${queue}) # hashtext(${key})) & ${TURN_BUCKETS - 1})`;
+/**
+ * Turns one ack takes at most: those of its lowest turn ids. Acks sharing many keys share their lowest
+ * too (and so queue), and the locks an ack holds stay bounded whatever its keys.
+ */
+export const TURN_LIMIT = 64;
