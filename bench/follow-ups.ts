@@ -9,7 +9,7 @@
  * - `served`: the same, and the worker also serves the follow-ups' queue: time until parents and follow-ups
  *   are all acknowledged, reported as parents/s (each parent is then two messages of work).
  * - `keyed-none` / `keyed-one`: parents with a key each (the keyed ack: `ack_key_heads` and, with follow-ups, the
- *   follow-up insert in the same transaction); `keyed-one` is compared with `keyed-none`.
+ *   follow-up insert in the same statement); `keyed-one` is compared with `keyed-none`.
  *
  *   node --import tsx bench/follow-ups.ts --rows 50000 --runs 3 --concurrency 10 --modes none,one,served
  *   (--json prints the results as one JSON line instead of the table: bench/run.ts reads that.)

@@ -1129,7 +1129,7 @@ async function followUpsSection() {
       "one worker (concurrency 10, batchSize 500); time until every parent is acknowledged. `one`: each handler returns " +
       "one follow-up to a queue the worker does not serve (the ack deletes the parent and inserts the follow-up in one " +
       "statement); `served`: the worker serves the follow-ups too, so each parent is two messages of work; `keyed-*`: " +
-      "every parent has its own key (the keyed ack, and the follow-up insert in its transaction). Ratios against " +
+      "every parent has its own key (the keyed ack, and the follow-up insert in the same statement). Ratios against " +
       "`none` (`keyed-none` for keyed modes) of the same run.",
   );
   say();
