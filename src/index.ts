@@ -5,6 +5,8 @@ export type { Handler, HandlerResult, MessageContext, QueueConfig } from "./cont
 export { PermanentError, TransientError } from "./contract/handler-errors.js";
 export type { QueueDefinition } from "./contract/queue.js";
 export type { RetryContext, RetryDecision, RetryStrategy } from "./contract/retry.js";
+export type { TopicDefinition } from "./contract/topic.js";
+export { TOPIC_HEADER, topicMatches } from "./contract/topic.js";
 export type {
   DeadLetter,
   DeadLetterQuery,
@@ -30,14 +32,29 @@ export type { MigrateOptions, MigrateResult, MigrationState } from "./migrate/mi
 export { migrate, migrationState, printMigrations } from "./migrate/migrator.js";
 export { disableNotifyTrigger, enableNotifyTrigger } from "./migrate/notify-trigger.js";
 export type { ListenerState } from "./notify/notifier.js";
-export type { Publisher, PublisherOptions, PublishItem, PublishOptions } from "./produce/publisher.js";
-export { createPublisher, publish, publishMany } from "./produce/publisher.js";
+export type {
+  PublishedEvent,
+  Publisher,
+  PublisherOptions,
+  PublishItem,
+  PublishOptions,
+} from "./produce/publisher.js";
+export {
+  createPublisher,
+  publish,
+  publishMany,
+  publishManyToTopic,
+  publishToTopic,
+} from "./produce/publisher.js";
 export { defineQueue } from "./produce/queue.js";
+export { defineTopic, subscriberQueue } from "./produce/topic.js";
 export type { RelayConfig } from "./relay/config.js";
 export { createRelay } from "./relay/create-relay.js";
 export { constant, exponential, giveUpAfter, linear, none } from "./retry/strategies.js";
 export type { Executor } from "./sql/executor.js";
 export { DEFAULT_SCHEMA, outboxNames, validateSchemaName } from "./sql/names.js";
+export type { Subscription, SubscriptionTarget } from "./subscribe/subscriptions.js";
+export { listSubscriptions, subscribe, subscribersOf, unsubscribe } from "./subscribe/subscriptions.js";
 export { redactConnectionString } from "./util/redact.js";
 export type { LeasePhase, WorkerEventName, WorkerEvents } from "./worker/events.js";
 export type { WorkerOptions } from "./worker/options.js";

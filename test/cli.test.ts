@@ -5,6 +5,7 @@ import { afterAll, describe, expect, it } from "vitest";
 import { runCli } from "./helpers/cli-in-process.js";
 import { execCli } from "./helpers/cli-process.js";
 import { testDatabase } from "./helpers/database.js";
+import { LATEST_VERSION } from "./helpers/migrations.js";
 import { removeTempDir } from "./helpers/remove-temp-dir.js";
 
 const db = testDatabase("cli");
@@ -36,9 +37,9 @@ describe("outbox-worker CLI", () => {
     const { url, secret } = withSecret(db.url);
     const first = await cli(["migrate", "--schema", schema], { DATABASE_URL: url });
     expect(first.code).toBe(0);
-    expect(first.stdout).toContain(`schema "${schema}" migrated to version 11`);
+    expect(first.stdout).toContain(`schema "${schema}" migrated to version ${LATEST_VERSION}`);
     const second = await cli(["migrate", "--schema", schema, "--database-url", url]);
-    expect(second.stdout).toContain(`schema "${schema}" is up to date (version 11)`);
+    expect(second.stdout).toContain(`schema "${schema}" is up to date (version ${LATEST_VERSION})`);
     for (const out of [first, second]) expect(out.stdout + out.stderr).not.toContain(secret);
   });
 

@@ -9,7 +9,7 @@ import { completeStatements } from "../src/sql/complete.js";
 import { runQuery } from "../src/sql/executor.js";
 import { outboxNames } from "../src/sql/names.js";
 import { testDatabase } from "./helpers/database.js";
-import { shippedMigrationsUpTo } from "./helpers/migrations.js";
+import { LATEST_VERSION, shippedMigrationsUpTo, versionsAfter } from "./helpers/migrations.js";
 import { testTempDir } from "./helpers/temp-dir.js";
 import { until } from "./helpers/worker.js";
 
@@ -31,7 +31,7 @@ describe("migrate", () => {
   beforeAll(() => db.migrate());
 
   it("creates the tables, view, indexes and records the version", async () => {
-    for (const t of ["messages", "dead_letters", "unprocessed", "schema_migrations"]) {
+    for (const t of ["messages", "dead_letters", "subscriptions", "unprocessed", "schema_migrations"]) {
       expect(await tableExists(db.schema, t)).toBe(true);
     }
     const { rows } = await db.pool.query(`SELECT version, name FROM ${db.names.migrationsTable}`);
@@ -47,6 +47,7 @@ describe("migrate", () => {
       { version: 9, name: "0009_promote_after_head" },
       { version: 10, name: "0010_finite_rows" },
       { version: 11, name: "0011_finite_rows_validate" },
+      { version: 12, name: "0012_topics" },
     ]);
     const idx = await db.pool.query("SELECT indexname FROM pg_indexes WHERE schemaname = $1 ORDER BY 1", [
       db.schema,
@@ -71,7 +72,7 @@ describe("migrate", () => {
   it("is a no-op the second time", async () => {
     const again = await db.migrate();
     expect(again.applied).toEqual([]);
-    expect(again.version).toBe(11);
+    expect(again.version).toBe(LATEST_VERSION);
     expect((await migrationState({ connection: db.pool, schema: db.schema })).current).toBe(true);
   });
 
@@ -300,7 +301,7 @@ describe("0007–0009: the promotion looks above the deleted head", () => {
     await db.pool.query(`DELETE FROM ${m} WHERE id = $1`, [keyless]);
     const replayed = await insert("a", Number(keyless));
     const result = await migrate({ connection: db.pool, schema });
-    expect(result.applied.map((v) => v.version)).toEqual([7, 8, 9, 10, 11]);
+    expect(result.applied.map((v) => v.version)).toEqual(versionsAfter(6));
     const marks = await db.pool.query(`SELECT id::text, head, below_head FROM ${m} ORDER BY id`);
     expect(marks.rows).toEqual([
       { id: replayed, head: false, below_head: true },
@@ -346,7 +347,7 @@ describe("0010–0011: every stored time is finite", () => {
          attempts_count, dead_at, reason) VALUES (1, 'q', '{}', '{}', 'infinity', now(), 1, 1, '-infinity', 'rejected')`,
     );
     const result = await migrate({ connection: db.pool, schema });
-    expect(result.applied.map((v) => v.version)).toEqual([10, 11]);
+    expect(result.applied.map((v) => v.version)).toEqual(versionsAfter(9));
     const rows = await db.pool.query(
       `SELECT isfinite(created_at) AND isfinite(available_at) AS finite, first_attempt_at, last_error
        FROM ${names.messages} ORDER BY id`,

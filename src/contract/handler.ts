@@ -8,6 +8,11 @@ import type { RetryStrategy } from "./retry.js";
 export interface MessageContext {
   id: string;
   queue: string;
+  /**
+   * The topic this message was published to, when it is a subscriber's copy of an event (also in
+   * `headers["outbox-topic"]`); null for a message published to the queue itself.
+   */
+  topic: string | null;
   key: string | null;
   headers: Record<string, string>;
   /** Times this row has been leased, this one included (crash re-claims count). */

@@ -8,6 +8,7 @@ import { encodePayload } from "./payload.js";
 import type { PublishOptions } from "./publish-options.js";
 import { type QueueDefinition, validateQueueName } from "./queue.js";
 import { textProblem } from "./storable-text.js";
+import { TOPIC_HEADER, type TopicDefinition, validateTopicName } from "./topic.js";
 
 /**
  * The one preparation of a message, for `publish`, `publishMany` and follow-ups alike: every check that
@@ -71,7 +72,45 @@ export function prepareBatch<I, O>(
   items: readonly ({ payload: I } & PublishOptions)[],
   maxPayloadBytes: number,
 ): PreparedMessage[] {
-  const queue = resolveQueue(queueRef);
+  return prepareEach(resolveQueue(queueRef), items, maxPayloadBytes);
+}
+
+/** A topic given by name or by definition, as a definition, its name validated either way. */
+export function resolveTopic<I, O>(topic: TopicDefinition<I, O> | string): TopicDefinition<I, O> {
+  if (typeof topic === "string") return { topic: validateTopicName(topic), schema: undefined };
+  validateTopicName(topic.topic);
+  return topic;
+}
+
+/**
+ * {@link prepareMessage} for an event of a topic: the same checks, against the topic's schema. `queue` of
+ * the result (and of a refusal) is the topic's name; the database writes one copy per subscriber.
+ */
+export function prepareTopicMessage<I, O>(
+  topicRef: TopicDefinition<I, O> | string,
+  payload: I,
+  opts: PublishOptions | undefined,
+  maxPayloadBytes: number,
+): PreparedMessage {
+  const topic = resolveTopic(topicRef);
+  return prepareFor({ name: topic.topic, schema: topic.schema }, payload, opts, maxPayloadBytes);
+}
+
+/** {@link prepareTopicMessage} for each item of a batch of one topic; a refusal names the item's index. */
+export function prepareTopicBatch<I, O>(
+  topicRef: TopicDefinition<I, O> | string,
+  items: readonly ({ payload: I } & PublishOptions)[],
+  maxPayloadBytes: number,
+): PreparedMessage[] {
+  const topic = resolveTopic(topicRef);
+  return prepareEach({ name: topic.topic, schema: topic.schema }, items, maxPayloadBytes);
+}
+
+function prepareEach<I, O>(
+  queue: QueueDefinition<I, O>,
+  items: readonly ({ payload: I } & PublishOptions)[],
+  maxPayloadBytes: number,
+): PreparedMessage[] {
   return items.map((item, index) => {
     const { payload, ...options } = item;
     try {
@@ -134,6 +173,13 @@ function checkOptions(queue: string, opts: PublishOptions | undefined): CheckedO
 
 function checkHeaders(queue: string, headers: Record<string, string>): void {
   for (const [name, value] of Object.entries(headers)) {
+    // A subscriber reads the topic from this header: a producer's own would make it lie.
+    if (name.toLowerCase() === TOPIC_HEADER)
+      refuse(
+        queue,
+        fieldPath("headers", [name]),
+        "is reserved: it carries the topic an event was published to",
+      );
     const problem = headerNameProblem(name) ?? headerValueProblem(value);
     if (problem) refuse(queue, fieldPath("headers", [name]), problem);
   }

@@ -64,6 +64,7 @@ function sampleMessage(queue: string, full: boolean): MessageContext {
   return {
     id: "1",
     queue,
+    topic: null,
     key: full ? "k" : null,
     // A plain header too: the redis relay writes its `headers` field only for such headers.
     headers: full ? { traceparent: SAMPLE_TRACE, tracestate: "a=b", [SAMPLE_PLAIN]: "v" } : {},

@@ -7,6 +7,7 @@
 import type { MessageContext, ResolvedQueue } from "../contract/handler.js";
 import type { PublishOptions } from "../contract/publish-options.js";
 import type { QueueDefinition } from "../contract/queue.js";
+import { TOPIC_HEADER } from "../contract/topic.js";
 import { abortHeld, type HeldRow, heldSignal, lose, startCompleting, startRunning } from "../lease/held.js";
 import type { Outcome } from "../lease/outcome.js";
 import type { RetryStrategy } from "../retry/strategies.js";
@@ -107,14 +108,19 @@ class Context implements MessageContext {
     return this.#held.row.payload;
   }
 
+  /** The topic this copy was published to (its reserved header), or null for a message sent to the queue. */
+  get topic(): string | null {
+    return this.headers[TOPIC_HEADER] ?? null;
+  }
+
   get signal(): AbortSignal {
     return heldSignal(this.#held);
   }
 
   /** Getters live on the prototype; logging or JSON.stringify of a context still shows createdAt. */
   toJSON() {
-    const { id, queue, key, headers, deliveries, attempts, createdAt } = this;
-    return { id, queue, key, headers, deliveries, attempts, createdAt };
+    const { id, queue, topic, key, headers, deliveries, attempts, createdAt } = this;
+    return { id, queue, topic, key, headers, deliveries, attempts, createdAt };
   }
 }
 

@@ -5,10 +5,12 @@ import {
   listDeadLettersStatement,
   previewPurgeStatement,
   previewReplayStatement,
+  previewRouteUnroutedStatement,
   purgeDeadLettersStatement,
   type ReplayCountRow,
   type ReplayParams,
   replayDeadLettersStatement,
+  routeUnroutedDeadLettersStatement,
 } from "../sql/dead-letters.js";
 import { type Executor, runQuery } from "../sql/executor.js";
 import { outboxNames } from "../sql/names.js";
@@ -169,7 +171,10 @@ export async function replayDeadLetters(
   const dryRun = options.dryRun === true;
   const statement = dryRun ? previewReplayStatement(names) : replayDeadLettersStatement(names);
   const rows = await runQuery(db, statement, params);
-  return replayResult(rows, dryRun);
+  // Events kept for want of a subscriber go to their topic's subscribers of now, not to a queue.
+  const routing = dryRun ? previewRouteUnroutedStatement(names) : routeUnroutedDeadLettersStatement(names);
+  const routed = await runQuery(db, routing, params);
+  return replayResult([...rows, ...routed], dryRun);
 }
 
 /** Delete dead letters older than `olderThanMs` (by dead_at, server clock); `dryRun` only counts them. */

@@ -72,9 +72,12 @@ export interface ReplayParams {
 /** $1 ids, $2 queue, $3 reason (ReplayParams, in that order): every given filter must match. */
 const replayValues = (p: ReplayParams): unknown[] => [p.ids, p.queue, p.reason];
 
-const REPLAY_FILTER = `($1::bigint[] IS NULL OR d.id = ANY($1::bigint[]))
+const PICKED = `($1::bigint[] IS NULL OR d.id = ANY($1::bigint[]))
   AND ($2::text IS NULL OR d.queue = $2::text)
   AND ($3::text IS NULL OR d.reason = $3::text)`;
+/** An event kept because no queue subscribed to its topic (migration 0012): its `queue` is the topic. */
+const UNROUTED = `(d.reason = 'no_subscribers' AND d.headers ? 'outbox-topic')`;
+const REPLAY_FILTER = `${PICKED} AND NOT ${UNROUTED}`;
 
 /**
  * The dead letters the filter picks, moved back into messages → ReplayCountRow per queue. $4 is the wake
@@ -138,6 +141,46 @@ export function previewReplayStatement(names: OutboxNames): Query<ReplayParams, 
        COALESCE(array_agg(d.id::text ORDER BY d.id) FILTER (WHERE m.id IS NOT NULL), '{}') AS skipped_ids
 FROM ${names.deadLetters} AS d LEFT JOIN ${names.messages} AS m ON m.id = d.id
 WHERE ${REPLAY_FILTER}
+GROUP BY d.queue
+ORDER BY d.queue`,
+    replayValues,
+  );
+}
+
+/**
+ * The picked dead letters that were kept for want of a subscriber, fanned out to the queues subscribed to
+ * their topic now (migration 0012's route_unrouted) → ReplayCountRow per topic: those still without a
+ * subscriber stay, reported as skipped. One wake-up per queue that got a copy. $4 is the wake channel.
+ */
+export function routeUnroutedDeadLettersStatement(names: OutboxNames): Query<ReplayParams, ReplayCountRow> {
+  return defineQuery(
+    "dead_route_unrouted",
+    `WITH picked AS MATERIALIZED (
+  SELECT d.id, d.queue FROM ${names.deadLetters} AS d WHERE ${PICKED} AND ${UNROUTED}
+), routed AS MATERIALIZED (
+  SELECT r.dead_id, r.queue FROM ${names.quotedSchema}.route_unrouted(ARRAY(SELECT p.id FROM picked AS p)) AS r
+), woken AS MATERIALIZED (
+  SELECT count(pg_notify($4::text, q.queue)) AS n FROM (SELECT DISTINCT x.queue FROM routed AS x) AS q
+)
+SELECT p.queue, count(DISTINCT r.dead_id)::int AS replayed,
+       (count(DISTINCT p.id) - count(DISTINCT r.dead_id))::int AS skipped,
+       COALESCE(array_agg(DISTINCT p.id::text) FILTER (WHERE r.dead_id IS NULL), '{}') AS skipped_ids
+FROM picked AS p LEFT JOIN routed AS r ON r.dead_id = p.id CROSS JOIN woken AS w
+GROUP BY p.queue
+ORDER BY p.queue`,
+    (p) => [...replayValues(p), names.channel],
+  );
+}
+
+/** routeUnroutedDeadLettersStatement's counts, as it would report them now; changes nothing. */
+export function previewRouteUnroutedStatement(names: OutboxNames): Query<ReplayParams, ReplayCountRow> {
+  return defineQuery(
+    "dead_route_unrouted_preview",
+    `SELECT d.queue, count(*) FILTER (WHERE s.n > 0)::int AS replayed, count(*) FILTER (WHERE s.n = 0)::int AS skipped,
+       COALESCE(array_agg(d.id::text ORDER BY d.id) FILTER (WHERE s.n = 0), '{}') AS skipped_ids
+FROM ${names.deadLetters} AS d
+CROSS JOIN LATERAL (SELECT cardinality(${names.quotedSchema}.topic_queues(d.headers ->> 'outbox-topic')) AS n) AS s
+WHERE ${PICKED} AND ${UNROUTED}
 GROUP BY d.queue
 ORDER BY d.queue`,
     replayValues,

@@ -25,6 +25,8 @@ export interface OutboxNames {
   readonly channel: string;
   readonly messages: string;
   readonly deadLetters: string;
+  /** Which queues receive which topics (migration 0012). */
+  readonly subscriptions: string;
   readonly unprocessed: string;
   readonly migrationsTable: string;
 }
@@ -73,6 +75,7 @@ export function outboxNames(schema: string = DEFAULT_SCHEMA): OutboxNames {
     channel: `${valid}${CHANNEL_SUFFIX}`,
     messages: `${quotedSchema}.messages`,
     deadLetters: `${quotedSchema}.dead_letters`,
+    subscriptions: `${quotedSchema}.subscriptions`,
     unprocessed: `${quotedSchema}.unprocessed`,
     migrationsTable: `${quotedSchema}.schema_migrations`,
   };

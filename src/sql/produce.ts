@@ -14,6 +14,8 @@ export interface ProduceStatements {
   insertManyNotify: Statement;
   /** $1 channel, $2 queue: a wake-up outside any producer transaction (the trailing notification). */
   notify: Statement;
+  /** $1 channel, $2 topic: the same for every queue subscribed to the topic. */
+  notifyTopic: Statement;
 }
 
 export interface InsertedRow {
@@ -61,5 +63,9 @@ RETURNING id`;
       `WITH ins AS (${insertMany}) SELECT ins.id FROM ins, (SELECT pg_notify($3, $1)) AS wake ORDER BY ins.id`,
     ),
     notify: statement("notify", "SELECT pg_notify($1, $2)"),
+    notifyTopic: statement(
+      "notify_topic",
+      `SELECT count(pg_notify($1, q.queue)) FROM unnest(${names.quotedSchema}.topic_queues($2::text)) AS q(queue)`,
+    ),
   };
 }

@@ -9,7 +9,9 @@ export interface TestMessage {
   id?: string;
   /** Default null. */
   key?: string | null;
-  /** Default {}. */
+  /** The topic it was published to, as a subscriber's copy (default null: sent to the queue itself). */
+  topic?: string | null;
+  /** Default {} (plus `outbox-topic` when `topic` is given, as the database writes it). */
   headers?: Record<string, string>;
   /** Handler attempts that ended before this one (default 0). */
   attempts?: number;
@@ -36,6 +38,7 @@ export interface TestMessage {
 export class TestContext implements MessageContext {
   readonly id: string;
   readonly queue: string;
+  readonly topic: string | null;
   readonly key: string | null;
   readonly headers: Record<string, string>;
   readonly deliveries: number;
@@ -49,6 +52,7 @@ export class TestContext implements MessageContext {
   constructor(fields: Omit<MessageContext, "publish" | "signal">, signal: AbortSignal, followUps: FollowUps) {
     this.id = fields.id;
     this.queue = fields.queue;
+    this.topic = fields.topic;
     this.key = fields.key;
     this.headers = fields.headers;
     this.deliveries = fields.deliveries;

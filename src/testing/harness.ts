@@ -6,6 +6,7 @@
  */
 
 import type { Handler, QueueConfig, ResolvedQueue } from "../contract/handler.js";
+import { TOPIC_HEADER, validateTopicName } from "../contract/topic.js";
 import { type DecisionRow, decideFailure, prepareDelivery } from "../dispatch/decide-outcome.js";
 import { FollowUps, type PreparedFollowUp } from "../dispatch/follow-ups.js";
 import { HandlerTimeoutError } from "../dispatch/timeout.js";
@@ -92,7 +93,10 @@ function runOnce(
   const earlier = attempts === 0 ? null : createdAt;
   const row: DecisionRow = {
     payload: message.rawPayload ?? stored(payload),
-    headers: message.headers ?? {},
+    headers:
+      message.topic == null
+        ? (message.headers ?? {})
+        : { ...message.headers, [TOPIC_HEADER]: validateTopicName(message.topic) },
     deliveries_count: message.deliveries ?? attempts + 1,
     attempts_count: attempts,
     failures_count: message.failures ?? attempts,
@@ -111,6 +115,7 @@ function runOnce(
     {
       id: message.id ?? "1",
       queue: queue.name,
+      topic: row.headers[TOPIC_HEADER] ?? null,
       key: message.key ?? null,
       headers: row.headers,
       deliveries: row.deliveries_count,

@@ -9,6 +9,7 @@ export function fakeMessage(
   fields: Pick<MessageContext, "id" | "queue"> & Partial<MessageContext>,
 ): MessageContext {
   return {
+    topic: null,
     key: null,
     headers: {},
     deliveries: 1,

@@ -1,3 +1,4 @@
+import { readdirSync } from "node:fs";
 import { copyFile, readdir } from "node:fs/promises";
 import path from "node:path";
 import { MIGRATIONS_DIR } from "../../src/migrate/migration-files.js";
@@ -16,3 +17,10 @@ export async function shippedMigrationsUpTo(version: number): Promise<string> {
   }
   return dir;
 }
+
+/** The latest shipped migration's version: the number of files in migrations/. */
+export const LATEST_VERSION = readdirSync(MIGRATIONS_DIR).filter((f) => /^\d{4}_\w+\.sql$/.test(f)).length;
+
+/** The versions a migrate from `after` up to the latest applies, in order. */
+export const versionsAfter = (after: number): number[] =>
+  Array.from({ length: LATEST_VERSION - after }, (_, i) => after + 1 + i);
