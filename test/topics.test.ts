@@ -221,7 +221,45 @@ describe("subscribers are independent", () => {
   });
 });
 
+describe("concurrent producers of one topic", () => {
+  it("never deadlock: a batch takes every subscriber's key locks in (queue, key) order before any row", {
+    timeout: 180_000,
+  }, async () => {
+    for (const queue of ["t9.a", "t9.b", "t9.c"]) await subscribe(db.pool, { schema, topic: "t9.x", queue });
+    const errors: unknown[] = [];
+    let written = 0;
+    await Promise.all(
+      [0, 1, 2].map(async (p) => {
+        for (let b = p; b < 45; b += 3) {
+          // Keys in a different order in every batch: row by row, their locks would be taken crosswise.
+          const items = Array.from({ length: 16 }, (_, i) => ({
+            payload: { b, i },
+            key: `k${(b * 5 + i * 7) % 16}`,
+          }));
+          try {
+            const events = await db.inTransaction((c) => outbox.publishManyToTopic(c, "t9.x", items));
+            written += events.reduce((n, e) => n + e.messages.length, 0);
+          } catch (error) {
+            errors.push(error);
+          }
+        }
+      }),
+    );
+    expect(errors.map((e) => (e as { code?: string }).code ?? String(e))).toEqual([]);
+    expect(written).toBe(45 * 16 * 3);
+  });
+});
+
 describe("managing subscriptions", () => {
+  it("gives a queue that several of its patterns match one copy of each event", async () => {
+    for (const topic of ["t10.placed", "t10.*", "t10.#", "#"])
+      await subscribe(db.pool, { schema, topic, queue: "t10.q" });
+    const event = await db.inTransaction((c) => outbox.publishToTopic(c, "t10.placed", {}));
+    await unsubscribe(db.pool, { schema, topic: "#", queue: "t10.q" });
+    expect(event.messages.filter((m) => m.queue === "t10.q")).toHaveLength(1);
+    expect((await rows("t10.q")).length).toBe(1);
+  });
+
   it("subscribing twice is idempotent; unsubscribing stops new copies and leaves queued ones deliverable", async () => {
     expect(await subscribe(db.pool, { schema, topic: "t7.x", queue: "t7.q" })).toEqual({ created: true });
     expect(await subscribe(db.pool, { schema, topic: "t7.x", queue: "t7.q" })).toEqual({ created: false });
