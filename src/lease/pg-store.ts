@@ -184,7 +184,9 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     const handedOff: LeasedRow[] = [];
     let pending = writes;
     let allWritten = false;
-    const deadline = Date.now() + Math.min(options.queryTimeoutMs, BUSY_WAIT_MS);
+    // From the first busy answer, not from the call: a round may first wait long for its ack turn, and
+    // then find the key still being released by the ack ahead of it; it deserves its retries all the same.
+    let deadline: number | undefined;
     let busy = new Set<string>();
     try {
       for (let attempt = 0; ; attempt++) {
@@ -214,6 +216,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
         }
         if (busy.size === 0) break;
         options.onKeyBusy?.(busy.size);
+        deadline ??= Date.now() + Math.min(options.queryTimeoutMs, BUSY_WAIT_MS);
         if (Date.now() > deadline) break;
         pending = pending.filter((w) => busy.has(key(w.held)));
         await delay(Math.min(2 ** attempt, 50));
