@@ -114,13 +114,36 @@ describe("outbox-worker CLI", () => {
       expect(out.stdout).toContain(
         `Creating table ${schema}.demo_orders for the demo's orders (it stays; DROP TABLE demo_orders removes it)`,
       );
-      expect(out.stdout).toContain("9 committed (order + message), 1 rolled back (neither)");
-      expect(out.stdout).toMatch(/Delivered 9 message\(s\) in \d+ ms; 0 left in the outbox/);
-      // The live phase: every committed order delivered, none of the rolled-back ones.
-      const live = /Live: placed (\d+), rolled back (\d+), delivered (\d+)/.exec(out.stdout);
+      // Each order publishes once to the topic order.placed; two queues subscribe to it, and it says so.
+      expect(out.stdout).toContain(
+        "Topic order.placed: order.placed subscribes to order.placed, email.receipts subscribes to order.*; an order's event reaches email.receipts, order.placed (the subscriptions stay;",
+      );
+      expect(out.stdout).toContain(
+        "9 committed (order + a message for each subscriber), 1 rolled back (neither)",
+      );
+      expect(out.stdout).toMatch(
+        /Delivered 18 message\(s\) \(order\.placed 9, email\.receipts 9\) in \d+ ms; 0 left in the outbox/,
+      );
+      // Both subscribers got each committed order: one delivery line each.
+      for (const queue of ["order.placed", "email.receipts"]) {
+        const orders = [
+          ...out.stdout.matchAll(new RegExp(`delivered message \\d+ to ${queue}: \\D+ (\\d+) for`, "g")),
+        ];
+        expect(
+          orders.map((m) => Number(m[1])).sort((a, b) => a - b),
+          queue,
+        ).toEqual([1, 2, 3, 4, 5, 6, 7, 8, 9]);
+      }
+      expect(out.stdout).toContain("receipt of order 1 for customer-2 (topic order.placed)");
+      // The live phase: every committed order delivered to both subscribers, none of the rolled-back ones.
+      const live =
+        /Live: placed (\d+), rolled back (\d+), delivered (\d+) message\(s\) of (\d+) to 2 subscribers/.exec(
+          out.stdout,
+        );
       expect(live).not.toBeNull();
-      const [placed, rolledBack, delivered] = (live ?? []).slice(1).map(Number);
-      expect(delivered).toBe((placed ?? 0) - (rolledBack ?? 0));
+      const [placed, rolledBack, delivered, copies] = (live ?? []).slice(1).map(Number);
+      expect(copies).toBe(2 * ((placed ?? 0) - (rolledBack ?? 0)));
+      expect(delivered).toBe(copies);
       const { rows } = await db.pool.query(`SELECT count(*)::int AS n FROM "${schema}".messages`);
       expect(rows[0].n).toBe(0);
       expect(
@@ -143,9 +166,11 @@ describe("outbox-worker CLI", () => {
       const second = await demo(["--orders", "5", "--live", "0", "--data-dir", dataDir]);
       expect(second.code).toBe(0);
       expect(second.stdout).toContain('Outbox schema "outbox" is up to date');
-      expect(second.stdout).toMatch(/Delivered 5 message\(s\) in \d+ ms; 0 left in the outbox/);
-      // The orders of both runs are there: the data folder was reused.
-      expect(second.stdout).toContain("delivered message 10: order 10");
+      expect(second.stdout).toMatch(
+        /Delivered 10 message\(s\) \(order\.placed 5, email\.receipts 5\) in \d+ ms/,
+      );
+      // The orders of both runs are there: the data folder was reused (the second run's ids follow the first's).
+      expect(second.stdout).toMatch(/delivered message (19|20) to order\.placed: order 10 for/);
     }, 300_000);
   });
 });

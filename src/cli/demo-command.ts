@@ -6,10 +6,12 @@ import { peekMessages } from "../inspect/peek.js";
 import { migrate } from "../migrate/migrator.js";
 import { createPublisher } from "../produce/publisher.js";
 import { defineQueue } from "../produce/queue.js";
+import { defineTopic, subscriberQueue } from "../produce/topic.js";
 import { runQuery } from "../sql/executor.js";
 import { backlogStatement } from "../sql/inspect.js";
 import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
 import { unprocessedSummaryStatement } from "../sql/peek.js";
+import { subscribe, subscribersOf } from "../subscribe/subscriptions.js";
 import { redactConnectionString } from "../util/redact.js";
 import { handle } from "../worker/options.js";
 import { createWorker } from "../worker/worker.js";
@@ -20,14 +22,17 @@ export const demoUsage = `Usage: outbox-worker demo [--orders N] [--live SECONDS
 
 Zero-setup demo. Without DATABASE_URL it starts an embedded Postgres in DIR (default ./.outbox-data,
 kept between runs), installs the outbox schema, and places N orders: each one an order row and its
-outbox message written in ONE transaction. Every tenth order is rolled back to show that its message
-never appears. It shows what is waiting through the lease-free unprocessed view, then runs a worker
-that delivers every message. Then, for --live seconds, orders keep coming while the worker relays
-them, with live progress: rows/s, backlog, and pickup latency from commit to handler.
+event on the topic order.placed written in ONE transaction. Two queues subscribe to that topic, so each
+event becomes one message per queue: order.placed (the exact name) and email.receipts (the pattern
+order.*). Every tenth order is rolled back to show that none of its messages appears. It shows what is
+waiting through the lease-free unprocessed view, then runs a worker that delivers every message to its
+queue's handler. Then, for --live seconds, orders keep coming while the worker relays them, with live
+progress: rows/s, backlog, and pickup latency from commit to handler.
 
 With DATABASE_URL (or --database-url) it works in that database: it installs the outbox schema
-(OUTBOX_SCHEMA, default "outbox") and creates the table demo_orders in the current schema (public
-by default); both stay after the demo (DROP TABLE demo_orders to remove the table).
+(OUTBOX_SCHEMA, default "outbox"), subscribes the two queues, and creates the table demo_orders in the
+current schema (public by default); all of it stays after the demo (DROP TABLE demo_orders removes the
+table, outbox-worker unsubscribe the subscriptions).
 
 Options:
   --orders N           orders to place before the worker starts (default 20)
@@ -37,11 +42,37 @@ Options:
   --database-url URL   use this Postgres instead of the embedded one
   -h, --help           show this help`;
 
+const order = z.object({
+  orderId: z.number().int(),
+  customer: z.string(),
+  totalCents: z.number().int().nonnegative(),
+});
+
 /** The demo's queue; examples/consumers/queues.ts describes the same one for the consumer examples. */
-export const orderPlaced = defineQueue(
-  "order.placed",
-  z.object({ orderId: z.number().int(), customer: z.string(), totalCents: z.number().int().nonnegative() }),
-);
+export const orderPlaced = defineQueue("order.placed", order);
+
+/** The topic each order transaction publishes to, once: its subscribers get a message each. */
+export const orderPlacedTopic = defineTopic("order.placed", order);
+
+/** The second subscriber: a queue of its own, typed by the topic's schema. */
+export const receipts = subscriberQueue(orderPlacedTopic, "email.receipts");
+
+/** Who receives the topic: the existing queue by the exact name, the receipts by the category pattern. */
+const SUBSCRIPTIONS = [
+  { topic: orderPlacedTopic.topic, queue: orderPlaced.name },
+  { topic: "order.*", queue: receipts.name },
+] as const;
+const SERVED = new Set<string>(SUBSCRIPTIONS.map((s) => s.queue));
+
+/** Subscribes the demo's queues (idempotent) and says which queues an order's event reaches now. */
+async function subscribeQueues(pool: pg.Pool, schema: string, io: CliIo, stays: boolean) {
+  for (const s of SUBSCRIPTIONS) await subscribe(pool, { ...s, schema });
+  const reached = await subscribersOf(pool, orderPlacedTopic, { schema });
+  print(
+    io,
+    `Topic ${orderPlacedTopic.topic}: ${SUBSCRIPTIONS.map((s) => `${s.queue} subscribes to ${s.topic}`).join(", ")}; an order's event reaches ${reached.join(", ")}${stays ? " (the subscriptions stay; outbox-worker unsubscribe <pattern> <queue> removes one)" : ""}`,
+  );
+}
 
 async function placeOrders(pool: pg.Pool, count: number, schema: string) {
   const outbox = createPublisher({ schema, notify: { connection: pool } });
@@ -58,8 +89,14 @@ async function placeOrders(pool: pg.Pool, count: number, schema: string) {
         [customer, totalCents],
       );
       const orderId = Number(rows[0]?.id);
-      await outbox.publish(client, orderPlaced, { orderId, customer, totalCents }, { key: customer });
-      // Every tenth order fails after publishing: its message must vanish with it.
+      // One event, one message per subscribed queue, all in this transaction.
+      await outbox.publishToTopic(
+        client,
+        orderPlacedTopic,
+        { orderId, customer, totalCents },
+        { key: customer },
+      );
+      // Every tenth order fails after publishing: its messages must vanish with it.
       if (i % 10 === 0) {
         await client.query("ROLLBACK");
         rolledBack++;
@@ -111,29 +148,38 @@ async function backlog(pool: pg.Pool, schema: string): Promise<number> {
 async function deliver(url: string, pool: pg.Pool, schema: string) {
   const waiting = () => backlog(pool, schema);
   const total = await waiting();
-  console.log(`\nStarting a worker to deliver ${total} message(s) ...`);
+  console.log(`\nStarting a worker to deliver ${total} message(s) to the topic's subscribers ...`);
   let delivered = 0;
+  const byQueue = new Map<string, number>([...SERVED].map((q) => [q, 0]));
   const worker = createWorker({
     connection: url,
     schema,
     logger: false,
     queues: {
+      // Each subscriber is a queue with a handler of its own (or a relay): its own retries, order, dead letters.
       [orderPlaced.name]: handle(orderPlaced, (order, message) => {
         console.log(
-          `  delivered message ${message.id}: order ${order.orderId} for ${order.customer} (${(order.totalCents / 100).toFixed(2)})`,
+          `  delivered message ${message.id} to ${message.queue}: order ${order.orderId} for ${order.customer} (${(order.totalCents / 100).toFixed(2)})`,
+        );
+      }),
+      [receipts.name]: handle(receipts, (order, message) => {
+        console.log(
+          `  delivered message ${message.id} to ${message.queue}: receipt of order ${order.orderId} for ${order.customer} (topic ${message.topic})`,
         );
       }),
     },
   });
-  worker.on("acked", () => {
+  worker.on("acked", (e) => {
     delivered++;
+    byQueue.set(e.queue, (byQueue.get(e.queue) ?? 0) + 1);
   });
   const started = Date.now();
   await worker.start();
   while ((await waiting()) > 0 && Date.now() - started < 30_000) await new Promise((r) => setTimeout(r, 50));
   await worker.stop();
+  const perQueue = [...byQueue].map(([q, n]) => `${q} ${n}`).join(", ");
   console.log(
-    `Delivered ${delivered} message(s) in ${Date.now() - started} ms; ${await waiting()} left in the outbox.`,
+    `Delivered ${delivered} message(s) (${perQueue}) in ${Date.now() - started} ms; ${await waiting()} left in the outbox.`,
   );
 }
 
@@ -163,15 +209,18 @@ async function live(
     startedAt.delete(id);
   };
   let delivered = 0;
+  let copies = 0; // messages committed for the queues this worker serves
+  const pickedUp = (_order: unknown, message: { id: string }) => {
+    startedAt.set(message.id, performance.now());
+    record(message.id);
+  };
   const worker = createWorker({
     connection: url,
     schema,
     logger: false,
     queues: {
-      [orderPlaced.name]: handle(orderPlaced, (_order, message) => {
-        startedAt.set(message.id, performance.now());
-        record(message.id);
-      }),
+      [orderPlaced.name]: handle(orderPlaced, pickedUp),
+      [receipts.name]: handle(receipts, pickedUp),
     },
   });
   worker.on("acked", () => {
@@ -179,7 +228,7 @@ async function live(
   });
   await worker.start();
   console.log(
-    `\nLive for ${seconds} s: ${rate} orders/s while the worker relays them (every 10th rolled back)`,
+    `\nLive for ${seconds} s: ${rate} orders/s, each to ${SERVED.size} subscribers, while the worker relays them (every 10th rolled back)`,
   );
   const t0 = performance.now();
   let placed = 0;
@@ -209,7 +258,7 @@ async function live(
           "INSERT INTO demo_orders (customer, total_cents) VALUES ($1, $2) RETURNING id",
           [customer, 1000 + i],
         );
-        const id = await outbox.publish(client, orderPlaced, {
+        const event = await outbox.publishToTopic(client, orderPlacedTopic, {
           orderId: Number(rows[0]?.id),
           customer,
           totalCents: 1000 + i,
@@ -221,8 +270,12 @@ async function live(
           return;
         }
         await client.query("COMMIT");
-        committedAt.set(id, performance.now());
-        record(id);
+        for (const { id, queue } of event.messages) {
+          if (!SERVED.has(queue)) continue;
+          copies++;
+          committedAt.set(id, performance.now());
+          record(id);
+        }
       } finally {
         client.release();
       }
@@ -232,13 +285,13 @@ async function live(
   }
   await Promise.all(inflight);
   const deadline = performance.now() + 10_000;
-  while (delivered < placed - rolledBack && performance.now() < deadline && !interrupted.aborted)
+  while (delivered < copies && performance.now() < deadline && !interrupted.aborted)
     await new Promise((r) => setTimeout(r, 20));
   clearInterval(tick);
   await worker.stop();
   const sorted = [...pickups].sort((a, b) => a - b);
   console.log(
-    `Live: placed ${placed}, rolled back ${rolledBack}, delivered ${delivered}; pickup from commit to handler p50 ${percentile(sorted, 50).toFixed(1)} ms, p99 ${percentile(sorted, 99).toFixed(1)} ms.`,
+    `Live: placed ${placed}, rolled back ${rolledBack}, delivered ${delivered} message(s) of ${copies} to ${SERVED.size} subscribers; pickup from commit to handler p50 ${percentile(sorted, 50).toFixed(1)} ms, p99 ${percentile(sorted, 99).toFixed(1)} ms.`,
   );
 }
 
@@ -327,6 +380,7 @@ export async function demoCommand(argv: string[], io: CliIo): Promise<number> {
         `Creating table ${rows[0]?.schema ?? "public"}.demo_orders for the demo's orders (it stays; DROP TABLE demo_orders removes it)`,
       );
     }
+    await subscribeQueues(pool, schema, io, stopEmbedded === undefined);
     await pool.query(
       "CREATE TABLE IF NOT EXISTS demo_orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, customer text NOT NULL, total_cents int NOT NULL, created_at timestamptz NOT NULL DEFAULT now())",
     );
@@ -334,7 +388,7 @@ export async function demoCommand(argv: string[], io: CliIo): Promise<number> {
     const { committed, rolledBack } = await placeOrders(pool, orders, schema);
     print(
       io,
-      `\nPlaced ${orders} orders in ${Date.now() - started} ms: ${committed} committed (order + message), ${rolledBack} rolled back (neither).`,
+      `\nPlaced ${orders} orders in ${Date.now() - started} ms: ${committed} committed (order + a message for each subscriber), ${rolledBack} rolled back (neither).`,
     );
     if (!interrupted.aborted) await showOutbox(pool, schema);
     if (!interrupted.aborted) await deliver(url, pool, schema);
