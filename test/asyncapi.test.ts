@@ -4,6 +4,7 @@ import type { AddressInfo } from "node:net";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
 import { Parser } from "@asyncapi/parser";
+import { compileFromFile } from "json-schema-to-typescript";
 import { describe, expect, it } from "vitest";
 import { parse as parseYaml } from "yaml";
 import { queueSchemaDocument } from "../src/describe/json-schema.js";
@@ -18,6 +19,7 @@ import { testTempDir } from "./helpers/temp-dir.js";
 const ROOT = path.resolve(import.meta.dirname, "..");
 const ZOD = pathToFileURL(path.join(ROOT, "node_modules/zod/index.js")).href;
 const QUEUE = pathToFileURL(path.join(ROOT, "src/produce/queue.ts")).href;
+const TOPIC = pathToFileURL(path.join(ROOT, "src/produce/topic.ts")).href;
 const DEMO_QUEUES = path.join(ROOT, "examples/consumers/queues.ts");
 
 /** A queues module in a temp folder; a new file each time, so no import cache hides a change. */
@@ -25,7 +27,7 @@ async function queuesModule(dir: string, name: string, body: string): Promise<st
   const file = path.join(dir, `${name}.mjs`);
   await writeFile(
     file,
-    `import { z } from ${JSON.stringify(ZOD)};\nimport { defineQueue } from ${JSON.stringify(QUEUE)};\n${body}\n`,
+    `import { z } from ${JSON.stringify(ZOD)};\nimport { defineQueue } from ${JSON.stringify(QUEUE)};\nimport { defineTopic, subscriberQueue } from ${JSON.stringify(TOPIC)};\n${body}\n`,
   );
   return file;
 }
@@ -86,7 +88,17 @@ type Doc = {
     string,
     { address: string; title: string; servers?: unknown[]; bindings?: Record<string, unknown> }
   >;
-  operations: Record<string, { action: string }>;
+  operations: Record<
+    string,
+    {
+      action: string;
+      channel: { $ref: string };
+      messages: { $ref: string }[];
+      "x-outbox-queue"?: string;
+      "x-outbox-subscriptions"?: string[];
+    }
+  >;
+  info: { description: string };
   components: {
     schemas: Record<string, { properties?: Record<string, unknown>; required?: string[] }>;
     messages: Record<
@@ -102,6 +114,30 @@ function channelOf(doc: Doc, queue: string) {
   const [id, channel] = entry;
   return { id, channel, schema: doc.components.schemas[id], message: doc.components.messages[id] };
 }
+
+/** A topic's channel (its title is `<topic> (topic)`), its schema, and its operations by action. */
+function topicOf(doc: Doc, topic: string) {
+  const { id, channel, schema, message } = channelOf(doc, `${topic} (topic)`);
+  const operations = Object.values(doc.operations).filter((o) => o.channel.$ref === `#/channels/${id}`);
+  return {
+    id,
+    channel,
+    schema,
+    message,
+    sends: operations.filter((o) => o.action === "send"),
+    receivers: operations.filter((o) => o.action === "receive").map((o) => o["x-outbox-queue"]),
+    receives: operations.filter((o) => o.action === "receive"),
+  };
+}
+
+// Topics beside queues: a subscriber queue made from a topic, subscriptions in a handlers map's entries
+// (QueueConfig.subscribe) and in a `subscriptions` export, a pattern matching two topics, one matching none.
+const TOPICS = `export const placed = defineTopic("order.placed", z.object({ orderId: z.number().int(), customer: z.string() }));
+export const topics = [defineTopic("order.cancelled", z.object({ orderId: z.number().int(), reason: z.string() })), defineTopic("payment.failed")];
+export const order = defineQueue("order.placed", z.object({ legacy: z.boolean() }));
+export const billing = subscriberQueue(placed, "billing");
+export default { billing: { handler: () => {}, schema: billing.schema, subscribe: ["order.placed"] }, email: { handler: () => {}, subscribe: ["order.*"] } };
+export const subscriptions = { search: ["#"], refunds: ["refund.#"], email: ["order.placed"] };`;
 
 async function asyncapi(args: string[]) {
   return runCli(["asyncapi", ...args], { PATH: process.env.PATH });
@@ -182,6 +218,80 @@ export const paid = defineQueue("order/paid", z.object({ total: Money, tip: Mone
     const paid = channelOf(doc, "order/paid").schema as { properties: Record<string, { $ref: string }> };
     expect(paid.properties.total?.$ref).toBe(paid.properties.tip?.$ref);
     expect(resolve(paid.properties.total?.$ref ?? "")).toMatchObject({ required: ["cents", "currency"] });
+  });
+
+  it("topics: a channel each (address the topic), one send, one receive per subscribed queue; valid", async () => {
+    const dir = await testTempDir("outbox-asyncapi-");
+    const { code, stdout, stderr } = await asyncapi(["--queues", await queuesModule(dir, "t", TOPICS)]);
+    expect(stderr).toBe("");
+    expect(code).toBe(0);
+    expect(await asyncapiErrors(stdout)).toEqual([]);
+    const doc = parseYaml(stdout) as Doc;
+
+    const placed = topicOf(doc, "order.placed");
+    expect(placed.channel.address).toBe("order.placed");
+    expect(placed.schema).toMatchObject({
+      title: "order.placed",
+      properties: { orderId: { type: "integer" }, customer: { type: "string" } },
+      required: ["orderId", "customer"],
+    });
+    expect(placed.message?.payload).toEqual({ $ref: `#/components/schemas/${placed.id}` });
+    expect(placed.sends).toHaveLength(1);
+    // Exact name (billing), a pattern (email: order.* and order.placed: one receive), everything (search).
+    expect(placed.receivers).toEqual(["billing", "email", "search"]);
+    expect(placed.receives.find((o) => o["x-outbox-queue"] === "email")?.["x-outbox-subscriptions"]).toEqual([
+      "order.*",
+      "order.placed",
+    ]);
+    for (const op of [...placed.sends, ...placed.receives])
+      expect(op.messages).toEqual([{ $ref: `#/channels/${placed.id}/messages/${placed.id}` }]);
+
+    expect(topicOf(doc, "order.cancelled").receivers).toEqual(["email", "search"]);
+    const failed = topicOf(doc, "payment.failed");
+    expect(failed.receivers).toEqual(["search"]);
+    expect(failed.schema).toEqual({ title: "payment.failed" });
+    // A pattern that matches no topic here is said so, once.
+    expect(doc.info.description).toContain(
+      'match no topic defined here (their events are not described): "refund.#" (queue refunds)',
+    );
+
+    // The queues keep their channels as before: the queue order.placed beside the topic order.placed.
+    expect(
+      Object.values(doc.channels)
+        .map((c) => c.title)
+        .sort(),
+    ).toEqual([
+      "billing",
+      "email",
+      "order.cancelled (topic)",
+      "order.placed",
+      "order.placed (topic)",
+      "payment.failed (topic)",
+    ]);
+    expect(channelOf(doc, "order.placed").schema?.properties).toHaveProperty("legacy");
+    // The subscriber queue's payload is the topic's schema.
+    const { title: _, ...billingSchema } = channelOf(doc, "billing").schema as Record<string, unknown>;
+    const { title: __, ...placedSchema } = placed.schema as Record<string, unknown>;
+    expect(billingSchema).toEqual(placedSchema);
+  });
+
+  it("topics without any declared subscriber: a send and no receive, and the channel says where subscribers live", async () => {
+    const dir = await testTempDir("outbox-asyncapi-");
+    const { code, stdout } = await asyncapi([
+      "--queues",
+      await queuesModule(dir, "lone", 'export const t = defineTopic("audit.logged");'),
+      "--format",
+      "json",
+    ]);
+    expect(code).toBe(0);
+    expect(await asyncapiErrors(stdout)).toEqual([]);
+    const doc = JSON.parse(stdout) as Doc & { channels: Record<string, { description: string }> };
+    const logged = topicOf(doc, "audit.logged");
+    expect(logged.sends).toHaveLength(1);
+    expect(logged.receives).toEqual([]);
+    expect((logged.channel as { description?: string }).description).toContain(
+      "No subscription to it is declared here (the database may hold others: outbox-worker subscriptions)",
+    );
   });
 
   it("prints JSON with --format json, and the title and version asked for", async () => {
@@ -390,7 +500,7 @@ export const paid = defineQueue("order/paid", z.object({ total: Money, tip: Mone
     expect(missing.stderr).toMatch(/outbox-worker asyncapi: invalid --queues: cannot load .*nope\.js/);
     const empty = await asyncapi(["--queues", await queuesModule(dir, "empty", "export const answer = 42;")]);
     expect(empty.code).toBe(2);
-    expect(empty.stderr).toMatch(/empty\.mjs exports no queue definitions/);
+    expect(empty.stderr).toMatch(/empty\.mjs exports no queue or topic definitions/);
     const dated = await asyncapi([
       "--queues",
       await queuesModule(dir, "dated", 'export const q = defineQueue("when", z.object({ at: z.date() }));'),
@@ -414,7 +524,83 @@ export const paid = defineQueue("order/paid", z.object({ total: Money, tip: Mone
   });
 });
 
+describe("outbox-worker asyncapi --config: the config's subscriptions", () => {
+  it("a relay's own subscribe and the config's subscriptions add receive operations to the matching topics", async () => {
+    const dir = await testTempDir("outbox-asyncapi-");
+    const config = path.join(dir, "outbox.config.json");
+    await writeFile(
+      config,
+      JSON.stringify({
+        relays: {
+          webhook: { type: "http", url: "https://hooks.example.com/orders", subscribe: ["order.#"] },
+        },
+        subscriptions: { billing: ["order.placed"], ledger: ["payment.*"] },
+      }),
+    );
+    const module = await queuesModule(
+      dir,
+      "c",
+      `export const topics = [defineTopic("order.placed", z.object({ orderId: z.number().int() })), defineTopic("order.refund.issued")];
+export const billing = defineQueue("billing");`,
+    );
+    const { code, stdout, stderr } = await asyncapi(["--queues", module, "--config", config]);
+    expect(stderr).toBe("");
+    expect(code).toBe(0);
+    expect(await asyncapiErrors(stdout)).toEqual([]);
+    const doc = parseYaml(stdout) as Doc;
+    expect(topicOf(doc, "order.placed").receivers).toEqual(["billing", "webhook"]);
+    // order.# takes any number of segments; nothing else subscribes to the refund.
+    expect(topicOf(doc, "order.refund.issued").receivers).toEqual(["webhook"]);
+    expect(doc.info.description).toContain('"payment.*" (queue ledger)');
+    // The relayed queue keeps its relay's channel.
+    expect(channelOf(doc, "webhook").channel.address).toBe("/orders");
+  });
+});
+
 describe("outbox-worker schemas", () => {
+  it("writes each topic's schema to <topic>.topic.json, and a subscriber queue refers to it", async () => {
+    const dir = await testTempDir("outbox-schemas-");
+    const out = path.join(dir, "schemas");
+    const { code, stdout, stderr } = await runCli(
+      ["schemas", "--queues", await queuesModule(dir, "t", TOPICS), "--out", out],
+      {},
+    );
+    expect(stderr).toBe("");
+    expect(code).toBe(0);
+    expect((await readdir(out)).sort()).toEqual([
+      "billing.schema.json",
+      "email.schema.json",
+      "order.cancelled.topic.json",
+      "order.placed.schema.json",
+      "order.placed.topic.json",
+      "payment.failed.topic.json",
+    ]);
+    expect(stdout).toContain(`topic order.placed → ${path.join(out, "order.placed.topic.json")}`);
+    const read = async (file: string) => JSON.parse(await readFile(path.join(out, file), "utf8"));
+    const topic = await read("order.placed.topic.json");
+    expect(topic).toMatchObject({
+      $schema: "https://json-schema.org/draft/2020-12/schema",
+      $id: "order.placed.topic.json",
+      title: "order.placed",
+      properties: { orderId: { type: "integer" }, customer: { type: "string" } },
+    });
+    // The subscriber queue made with subscriberQueue(placed, "billing") shares it by reference ...
+    const billing = await read("billing.schema.json");
+    expect(billing).toMatchObject({ $id: "billing.schema.json", $ref: "order.placed.topic.json" });
+    expect(billing).not.toHaveProperty("properties");
+    // ... which a code generator follows from the file: the queue's type has the topic's fields.
+    const types = await compileFromFile(path.join(out, "billing.schema.json"), {
+      cwd: out,
+      bannerComment: "",
+    });
+    expect(types).toMatch(/orderId: number;/);
+    expect(types).toMatch(/customer: string;/);
+    // The queue named like the topic keeps its own schema and file.
+    expect(await read("order.placed.schema.json")).toMatchObject({
+      properties: { legacy: { type: "boolean" } },
+    });
+  });
+
   it("writes one 2020-12 JSON Schema per queue, file names safe for / and :", async () => {
     const dir = await testTempDir("outbox-schemas-");
     const out = path.join(dir, "schemas");

@@ -1,17 +1,22 @@
 import { buildAsyncApi, renderAsyncApi } from "../describe/asyncapi.js";
+import { mergeSubscriptions } from "../describe/queues-of-module.js";
 import { ConfigError, loadServiceConfig, type ServiceConfig } from "../service/config.js";
 import { scrubSecrets } from "../util/redact.js";
 import { parseCommandArgs, UsageError } from "./args.js";
 import { type CliIo, print, printError } from "./io.js";
-import { loadQueuesModule } from "./queues-module.js";
+import { loadDescribedModule } from "./queues-module.js";
 
 export const asyncapiUsage = `Usage: outbox-worker asyncapi --queues MODULE [--config FILE] [--format yaml|json] [--title TEXT] [--version TEXT]
 
 Prints an AsyncAPI 3.0 document of your queues: one channel per queue, its message payload the JSON
-Schema of the queue's zod schema (what is stored and relayed), one "send" operation each.
+Schema of the queue's zod schema (what is stored and relayed), one "send" operation each. Each topic
+is a channel too (address the topic name), with one "send" and one "receive" per queue subscribed to
+it in the module or the config (never read from the database).
 
-MODULE (JavaScript or TypeScript) exports queue definitions (defineQueue results: named exports, or an
-array or object of them), or is a handlers module (queue name → handler or handle(queue, fn)).
+MODULE (JavaScript or TypeScript) exports queue and topic definitions (defineQueue, defineTopic
+results: named exports, or an array or object of them), or is a handlers module (queue name → handler
+or handle(queue, fn), an entry's "subscribe" its subscriptions); an export "subscriptions" (queue →
+topic names or patterns) declares subscriptions too.
 
 With --config (the service config, read as "run" reads it, OUTBOX_* variables included), each relayed
 queue's channel gets the relay's address (HTTP URL path, NATS subject, RabbitMQ routing key, Redis
@@ -59,8 +64,13 @@ export async function asyncapiCommand(argv: string[], io: CliIo): Promise<number
   const module = (values.queues as string | undefined) ?? config?.handlers;
   if (module === undefined)
     throw new UsageError("--queues MODULE is required (or a --config naming handlers)");
-  const queues = await loadQueuesModule(module);
-  const document = await buildAsyncApi(queues, {
+  const described = await loadDescribedModule(module);
+  // The config's own subscriptions, when this version of the config has them.
+  const configured = (config as { subscriptions?: Record<string, readonly string[]> } | undefined)
+    ?.subscriptions;
+  const document = await buildAsyncApi(described.queues, {
+    topics: described.topics,
+    subscriptions: mergeSubscriptions(described.subscriptions, configured),
     ...(typeof values.title === "string" ? { title: values.title } : {}),
     ...(typeof values.version === "string" ? { version: values.version } : {}),
     ...(config === undefined

@@ -1,7 +1,7 @@
 import path from "node:path";
 import { OutboxConfigError } from "../contract/errors.js";
 import type { QueueDefinition } from "../contract/queue.js";
-import { queuesOfModule } from "../describe/queues-of-module.js";
+import { type DescribedModule, describeModule, queuesOfModule } from "../describe/queues-of-module.js";
 import { importUserModule } from "../service/user-module.js";
 
 /**
@@ -9,11 +9,18 @@ import { importUserModule } from "../service/user-module.js";
  * see queuesOfModule for the shapes accepted. A module that cannot be loaded is an error naming the file.
  */
 export async function loadQueuesModule(file: string): Promise<QueueDefinition<unknown, unknown>[]> {
-  let mod: Record<string, unknown>;
+  return queuesOfModule(await load(file), file);
+}
+
+/** The queues, topics and declared subscriptions of a `--queues` module (see describeModule). */
+export async function loadDescribedModule(file: string): Promise<DescribedModule> {
+  return describeModule(await load(file), file);
+}
+
+async function load(file: string): Promise<Record<string, unknown>> {
   try {
-    mod = await importUserModule(path.resolve(file));
+    return await importUserModule(path.resolve(file));
   } catch (error) {
     throw new OutboxConfigError("--queues", `cannot load ${file}: ${(error as Error).message}`);
   }
-  return queuesOfModule(mod, file);
 }

@@ -1,11 +1,14 @@
 import { stringify } from "yaml";
 import type { QueueDefinition } from "../contract/queue.js";
+import { type TopicDefinition, topicMatches } from "../contract/topic.js";
 import type { RelayConfig } from "../relay/config.js";
 import { registerSecrets, registerUrlSecrets, scrubDeep } from "../util/redact.js";
-import { type JsonSchema, payloadJsonSchema } from "./json-schema.js";
+import { type JsonSchema, payloadJsonSchema, topicJsonSchema } from "./json-schema.js";
+import { type DeclaredSubscriptions, mergeSubscriptions } from "./queues-of-module.js";
 import { describeTransport, type SourceContext, type TransportDescription } from "./transports.js";
 
 type AnyQueue = QueueDefinition<unknown, unknown>;
+type AnyTopic = TopicDefinition<unknown, unknown>;
 export type AsyncApiDocument = Record<string, unknown>;
 
 export interface AsyncApiOptions {
@@ -15,6 +18,13 @@ export interface AsyncApiOptions {
   relays?: Record<string, RelayConfig>;
   /** The database and schema the service runs on: the default CloudEvents `source` is made from them. */
   source?: SourceContext;
+  /** The module's topics: one channel each, with a `send` and one `receive` per subscribed queue. */
+  topics?: readonly AnyTopic[];
+  /**
+   * Queue → topic names or patterns, as declared (module, service config); a relay's own `subscribe` is
+   * added from `relays`. The database's subscriptions table is not read: see buildAsyncApi.
+   */
+  subscriptions?: DeclaredSubscriptions;
 }
 
 /** AsyncAPI 3.0 ids (channel, message, server, operation keys) are letters, digits, `.`, `-`, `_`. */
@@ -95,6 +105,39 @@ function registerRelaySecrets(relays: Record<string, RelayConfig>): void {
   }
 }
 
+/** A relay entry's `subscribe` (the service config's, when it has one), as declared subscriptions. */
+function relaySubscriptions(relays: Record<string, RelayConfig>): DeclaredSubscriptions {
+  const declared: DeclaredSubscriptions = new Map();
+  for (const [queue, relay] of Object.entries(relays)) {
+    const patterns = (relay as { subscribe?: unknown }).subscribe;
+    if (Array.isArray(patterns)) declared.set(queue, patterns.map(String));
+  }
+  return declared;
+}
+
+/** Per topic, the queues that get a copy of its events and through which declared patterns. */
+function subscribersOfTopics(
+  topics: readonly AnyTopic[],
+  subscriptions: DeclaredSubscriptions,
+): { byTopic: Map<string, { queue: string; patterns: string[] }[]>; unmatched: string[] } {
+  const byTopic = new Map(topics.map((t) => [t.topic, [] as { queue: string; patterns: string[] }[]]));
+  const unmatched: string[] = [];
+  // Queue-name order, as fan_out writes the copies; one receive per queue however many patterns match.
+  for (const queue of [...subscriptions.keys()].sort()) {
+    for (const pattern of subscriptions.get(queue) ?? []) {
+      const matched = topics.filter((t) => topicMatches(pattern, t.topic));
+      if (matched.length === 0) unmatched.push(`"${pattern}" (queue ${queue})`);
+      for (const topic of matched) {
+        const subscribers = byTopic.get(topic.topic) ?? [];
+        const known = subscribers.find((s) => s.queue === queue);
+        if (known === undefined) subscribers.push({ queue, patterns: [pattern] });
+        else known.patterns.push(pattern);
+      }
+    }
+  }
+  return { byTopic, unmatched };
+}
+
 /**
  * The AsyncAPI 3.0.0 document of the queues: one channel per queue, its message's payload the queue's JSON
  * Schema (output side, draft-07 as AsyncAPI's Schema Object). With relays, a relayed queue's channel has
@@ -102,6 +145,12 @@ function registerRelaySecrets(relays: Record<string, RelayConfig>): void {
  * module does not define gets a schema-less payload (any JSON). One `send` operation per channel: the
  * outbox sends, consumers receive. No credential reaches the document: servers are protocol and host only,
  * and every string is scrubbed of the relays' secrets.
+ *
+ * Topics: one channel each (address the topic name, payload the topic's schema), one `send` (the producer
+ * publishes) and one `receive` per subscribed queue (each queue gets its own copy). The subscribers are the
+ * declared ones (`subscriptions`, the relays' `subscribe`), never the database's table: the document is
+ * built offline from code and config, the same for the same inputs, as a contract checked in beside them.
+ * A pattern shows on every topic here it matches; one matching none is noted in `info.description`.
  */
 export async function buildAsyncApi(
   queues: readonly AnyQueue[],
@@ -109,6 +158,11 @@ export async function buildAsyncApi(
 ): Promise<AsyncApiDocument> {
   const relays = options.relays ?? {};
   registerRelaySecrets(relays);
+  const topics = options.topics ?? [];
+  const { byTopic, unmatched } = subscribersOfTopics(
+    topics,
+    mergeSubscriptions(options.subscriptions, relaySubscriptions(relays)),
+  );
   const all: AnyQueue[] = [...queues];
   for (const name of Object.keys(relays)) {
     if (!all.some((q) => q.name === name)) all.push({ name, schema: undefined });
@@ -190,13 +244,56 @@ export async function buildAsyncApi(
     };
   }
 
+  for (const topic of topics) {
+    // Its own id: a topic and a queue may share a name (the topic order.placed, the queue order.placed).
+    const id = idFor(`topic.${topic.topic}`, ids);
+    schemas[id] = {};
+    const payload = hoistDefinitions(topicJsonSchema(topic, "draft-07"), id, ids, schemas);
+    schemas[id] = { title: topic.topic, ...payload };
+    messages[id] = {
+      name: topic.topic,
+      title: `${topic.topic} event`,
+      contentType: "application/json",
+      payload: { $ref: `#/components/schemas/${id}` },
+    };
+    const subscribers = byTopic.get(topic.topic) ?? [];
+    channels[id] = {
+      address: topic.topic,
+      title: `${topic.topic} (topic)`,
+      description: `Outbox topic "${topic.topic}": publishing an event writes one copy per subscribed queue in the producer's transaction (header outbox-topic: "${topic.topic}"); each subscriber retries, orders and dead-letters its copy on its own. ${
+        subscribers.length === 0
+          ? "No subscription to it is declared here (the database may hold others: outbox-worker subscriptions); an event no queue subscribes to is kept as a dead letter no_subscribers."
+          : `Declared subscribers: ${subscribers.map((s) => `${s.queue} (${s.patterns.join(", ")})`).join("; ")}.`
+      }`,
+      messages: { [id]: { $ref: `#/components/messages/${id}` } },
+    };
+    const ref = {
+      channel: { $ref: `#/channels/${id}` },
+      messages: [{ $ref: `#/channels/${id}/messages/${id}` }],
+    };
+    operations[`send_${id}`] = { action: "send", title: `Publish ${topic.topic}`, ...ref };
+    for (const { queue, patterns } of subscribers) {
+      operations[idFor(`receive_${id}_${queue}`, ids)] = {
+        action: "receive",
+        title: `${queue} receives ${topic.topic}`,
+        description: `Queue "${queue}" gets its own copy of each event (subscribed to ${patterns.map((p) => `"${p}"`).join(", ")}): its own lease, retries, dead letters and per-key order; a failing subscriber never re-runs or delays another.`,
+        ...ref,
+        "x-outbox-queue": queue,
+        "x-outbox-subscriptions": patterns,
+      };
+    }
+  }
+
   const document: AsyncApiDocument = {
     asyncapi: "3.0.0",
     info: {
       title: options.title ?? "Outbox events",
       version: options.version ?? "1.0.0",
-      description:
-        "Messages published through pg-outbox-worker's transactional outbox, as the built-in relays send them (CloudEvents 1.0). Delivery is at least once: consumers dedupe by the event id.",
+      description: `Messages published through pg-outbox-worker's transactional outbox, as the built-in relays send them (CloudEvents 1.0). Delivery is at least once: consumers dedupe by the event id.${
+        unmatched.length === 0
+          ? ""
+          : ` Subscriptions that match no topic defined here (their events are not described): ${unmatched.join(", ")}.`
+      }`,
     },
     ...(Object.keys(servers).length === 0 ? {} : { servers }),
     defaultContentType: "application/json",

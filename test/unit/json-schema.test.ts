@@ -6,9 +6,14 @@ import {
   queueSchemaDocument,
   schemaFileName,
   schemaFileNames,
+  sharedTopic,
+  topicJsonSchema,
+  topicSchemaDocument,
+  topicSchemaFileName,
 } from "../../src/describe/json-schema.js";
-import { queuesOfModule } from "../../src/describe/queues-of-module.js";
+import { describeModule, mergeSubscriptions, queuesOfModule } from "../../src/describe/queues-of-module.js";
 import { defineQueue } from "../../src/produce/queue.js";
+import { defineTopic, subscriberQueue } from "../../src/produce/topic.js";
 import { handle } from "../../src/worker/options.js";
 
 const order = defineQueue(
@@ -106,11 +111,145 @@ describe("queuesOfModule", () => {
   });
 
   it("refuses a module without queues, and one queue defined twice differently, naming the file", () => {
-    expect(() => queuesOfModule({ x: 1 }, "empty.js")).toThrow(/empty\.js exports no queue definitions/);
+    expect(() => queuesOfModule({ x: 1 }, "empty.js")).toThrow(
+      /empty\.js exports no queue or topic definitions/,
+    );
     const again = defineQueue("order.placed", z.object({}));
     expect(() => queuesOfModule({ order, again }, "twice.js")).toThrow(
       /twice\.js defines queue "order\.placed" twice with different schemas/,
     );
+  });
+});
+
+const placed = defineTopic(
+  "order.placed",
+  z.object({ orderId: z.number().int(), currency: z.enum(["EUR", "USD"]).default("EUR") }),
+);
+
+describe("topics' JSON Schema", () => {
+  it("is the output side of the topic's zod schema, as a queue's is; any JSON without one", () => {
+    expect(topicJsonSchema(placed)).toMatchObject({
+      type: "object",
+      properties: { orderId: { type: "integer" }, currency: { enum: ["EUR", "USD"] } },
+      required: ["orderId", "currency"],
+    });
+    expect(topicJsonSchema(placed)).not.toHaveProperty("$schema");
+    expect(topicJsonSchema(defineTopic("free.event"))).toEqual({});
+    // The same schema as a queue holding it: a subscriber's payload is the topic's event.
+    expect(topicJsonSchema(placed, "draft-07")).toEqual(
+      payloadJsonSchema(subscriberQueue(placed, "billing"), "draft-07"),
+    );
+  });
+
+  it("refuses what JSON Schema cannot say, naming the topic", () => {
+    const dated = defineTopic("order.dated", z.object({ at: z.date() }));
+    expect(() => topicJsonSchema(dated)).toThrow(OutboxConfigError);
+    expect(() => topicJsonSchema(dated)).toThrow(/topic "order\.dated".*Date cannot be represented/);
+  });
+
+  it("has its own file: <topic>.topic.json, $id the file name, never a queue's file", () => {
+    expect(topicSchemaDocument(placed)).toMatchObject({
+      $schema: "https://json-schema.org/draft/2020-12/schema",
+      $id: "order.placed.topic.json",
+      title: "order.placed",
+      type: "object",
+    });
+    expect(topicSchemaFileName("billing/invoice:created")).toBe("billing%2Finvoice%3Acreated.topic.json");
+    // A queue named like the topic, or like the topic's file, keeps a file of its own.
+    for (const queue of ["order.placed", "order.placed.topic", "order.placed.topic.json"])
+      expect(schemaFileName(queue)).not.toBe(topicSchemaFileName("order.placed"));
+    expect(() => schemaFileNames(["Order.placed", "order.placed"], "topics")).toThrow(
+      /topics "Order\.placed" and "order\.placed" differ only in case/,
+    );
+    expect([...schemaFileNames(["order.placed"], "topics")]).toEqual([
+      ["order.placed", "order.placed.topic.json"],
+    ]);
+  });
+
+  it("is shared by a subscriberQueue: the queue's file refers to the topic's file", () => {
+    const billing = subscriberQueue(placed, "billing");
+    expect(sharedTopic(billing, [placed])).toBe(placed);
+    expect(queueSchemaDocument(billing, [placed])).toEqual({
+      $schema: "https://json-schema.org/draft/2020-12/schema",
+      $id: "billing.schema.json",
+      title: "billing",
+      description:
+        'Payload of outbox queue "billing": the events of topic "order.placed", whose schema it shares.',
+      $ref: "order.placed.topic.json",
+    });
+    // handle(subscriberQueue(...)) carries the same schema: a handlers module's entry shares it too.
+    const [fromHandlers] = describeModule({ default: { billing: handle(billing, () => {}) } }, "h.js").queues;
+    expect(fromHandlers && sharedTopic(fromHandlers, [placed])).toBe(placed);
+    // Without the topic at hand, or with a look-alike schema of its own, the queue keeps its own schema.
+    expect(queueSchemaDocument(billing)).toMatchObject({ type: "object", required: ["orderId", "currency"] });
+    const alike = defineQueue(
+      "alike",
+      z.object({ orderId: z.number().int(), currency: z.enum(["EUR", "USD"]).default("EUR") }),
+    );
+    expect(sharedTopic(alike, [placed])).toBeUndefined();
+    expect(queueSchemaDocument(alike, [placed])).not.toHaveProperty("$ref");
+    // A schema-less queue and a schema-less topic share nothing: both are any JSON.
+    expect(sharedTopic(defineQueue("free"), [defineTopic("free.event")])).toBeUndefined();
+  });
+});
+
+describe("describeModule", () => {
+  it("finds topics beside queues, in named exports, arrays and objects, once each", () => {
+    const cancelled = defineTopic("order.cancelled");
+    const found = describeModule({ placed, topics: [placed, cancelled], order }, "m.js");
+    expect(found.topics.map((t) => t.topic)).toEqual(["order.placed", "order.cancelled"]);
+    expect(found.queues.map((q) => q.name)).toEqual(["order.placed"]);
+    // Topics alone describe something; queuesOfModule still wants queues.
+    expect(describeModule({ placed }, "t.js").queues).toEqual([]);
+    expect(() => queuesOfModule({ placed }, "t.js")).toThrow(/t\.js exports no queue definitions/);
+    expect(() => describeModule({ x: 1 }, "e.js")).toThrow(/e\.js exports no queue or topic definitions/);
+  });
+
+  it("reads subscriptions from a handlers map's `subscribe` and from a `subscriptions` export, each pattern once", () => {
+    const found = describeModule(
+      {
+        default: {
+          billing: { handler: () => {}, subscribe: ["order.placed"] },
+          email: { handler: () => {}, subscribe: ["order.*", "order.*"] },
+          audit: () => {},
+        },
+        subscriptions: { email: ["payment.#"], search: ["#"] },
+      },
+      "handlers.js",
+    );
+    expect(Object.fromEntries(found.subscriptions)).toEqual({
+      billing: ["order.placed"],
+      email: ["order.*", "payment.#"],
+      search: ["#"],
+    });
+    expect(found.queues.map((q) => q.name)).toEqual(["billing", "email", "audit"]);
+  });
+
+  it("refuses a malformed subscription or a topic defined twice differently, naming the file and the field", () => {
+    expect(() => describeModule({ placed, subscriptions: { billing: ["order..x"] } }, "s.js")).toThrow(
+      /s\.js: subscriptions\.billing\[0\]: "order\.\.x" is not a topic pattern/,
+    );
+    expect(() => describeModule({ placed, subscriptions: { billing: "order.*" } }, "s.js")).toThrow(
+      /s\.js: subscriptions\.billing must be an array/,
+    );
+    expect(() =>
+      describeModule({ default: { billing: { handler: () => {}, subscribe: ["a.#.b", 7] } } }, "h.js"),
+    ).toThrow(/h\.js: default\.billing\.subscribe\[1\]: must be a non-empty string/);
+    expect(() => describeModule({ placed, subscriptions: { "bad queue": ["a"] } }, "s.js")).toThrow(
+      /s\.js: subscriptions\.bad queue: "bad queue" may only hold/,
+    );
+    const again = defineTopic("order.placed", z.object({}));
+    expect(() => describeModule({ placed, again }, "twice.js")).toThrow(
+      /twice\.js defines topic "order\.placed" twice with different schemas/,
+    );
+  });
+
+  it("merges declared subscriptions from several places: module, config, relays", () => {
+    const merged = mergeSubscriptions(new Map([["billing", ["order.placed"]]]), undefined, {
+      billing: ["order.placed", "order.#"],
+      relay: ["order.*"],
+    });
+    expect(Object.fromEntries(merged)).toEqual({ billing: ["order.placed", "order.#"], relay: ["order.*"] });
   });
 });
 
