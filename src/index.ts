@@ -26,6 +26,14 @@ export type { MessageState, PeekedMessage, PeekOptions } from "./inspect/peek.js
 export { peekMessages } from "./inspect/peek.js";
 export type { QueueStatus, WorkerLeases } from "./inspect/status.js";
 export { queueStatus, workerLeases } from "./inspect/status.js";
+export type {
+  TopicStatus,
+  TopicStatusOptions,
+  TopicSubscribers,
+  UnroutedEvents,
+  UnroutedTopic,
+} from "./inspect/subscriptions-status.js";
+export { topicStatus } from "./inspect/subscriptions-status.js";
 export type { TableHealth } from "./inspect/table-health.js";
 export { describeTableHealth, tableHealth } from "./inspect/table-health.js";
 export type { MigrateOptions, MigrateResult, MigrationState } from "./migrate/migrator.js";

@@ -2,8 +2,10 @@ import pg from "pg";
 import { beforeAll, describe, expect, it } from "vitest";
 import { parseDuration } from "../src/cli/dead-letters-command.js";
 import { peekMessages } from "../src/inspect/peek.js";
+import { topicStatus } from "../src/inspect/subscriptions-status.js";
 import { migrate } from "../src/migrate/migrator.js";
 import { outboxNames } from "../src/sql/names.js";
+import { subscribe } from "../src/subscribe/subscriptions.js";
 import { type CliResult, runCli } from "./helpers/cli-in-process.js";
 import { listen, testDatabase } from "./helpers/database.js";
 
@@ -152,10 +154,19 @@ describe("outbox-worker status", () => {
     expect(health).toMatch(/^[\d,]+ dead tuples, .+\n$/);
   });
 
-  it("--json prints one object per queue with numeric fields and ages in seconds", async () => {
+  it("--json prints the queues (numeric fields, ages in seconds), workers, topics and table health", async () => {
     const out = await cli(["status", "--json", "--schema", s.schema]);
     expect(out.code).toBe(0);
-    const rows = JSON.parse(out.stdout);
+    const status = JSON.parse(out.stdout);
+    expect(Object.keys(status)).toEqual(["queues", "workers", "subscriptions", "unrouted", "table"]);
+    expect(status.workers.map((w: { worker: string }) => w.worker)).toEqual(["worker-a", "worker-b"]);
+    expect(status.subscriptions).toEqual([]);
+    expect(status.unrouted).toEqual({ events: 0, topics: 0, byTopic: [] });
+    expect(status.table).toMatchObject({
+      dead_tuples: expect.any(Number),
+      autovacuum_enabled: expect.any(Boolean),
+    });
+    const rows = status.queues;
     expect(rows).toEqual([
       {
         queue: "mail",
@@ -189,12 +200,165 @@ describe("outbox-worker status", () => {
     expect(rows[1].oldest_ready_age_s).toBeLessThan(360);
   });
 
-  it('says "no messages" for an empty outbox, and [] in JSON', async () => {
+  it('says "no messages" for an empty outbox, and empty lists in JSON', async () => {
     const schema = await emptySchema("st0");
     const table = await cli(["status", "--schema", schema]);
     expect(table.code).toBe(0);
     expect(table.stdout).toMatch(/^no messages\nmessages table: [\d,]+ dead tuples, .+\n$/);
-    expect(JSON.parse((await cli(["status", "--schema", schema, "--json"])).stdout)).toEqual([]);
+    expect(JSON.parse((await cli(["status", "--schema", schema, "--json"])).stdout)).toMatchObject({
+      queues: [],
+      workers: [],
+      subscriptions: [],
+      unrouted: { events: 0, topics: 0, byTopic: [] },
+    });
+  });
+});
+
+describe("outbox-worker status: topics", () => {
+  /**
+   * Subscriptions, and four events from plain-SQL producers: one fanned out to three queues, three kept as
+   * dead letters no_subscribers (refund.requested twice, two hours ago; refund.done five minutes ago).
+   */
+  async function withTopics(tag: string): Promise<string> {
+    const schema = await emptySchema(tag);
+    const { messages, deadLetters } = outboxNames(schema);
+    for (const [topic, queue] of [
+      ["order.*", "billing"],
+      ["order.*", "mail"],
+      ["order.placed", "audit"],
+      ["payment.#", "billing"],
+    ] as const) {
+      await subscribe(db.pool, { schema, topic, queue });
+    }
+    await db.pool.query(
+      `INSERT INTO ${messages} (topic, payload) VALUES ('order.placed', '{"n":1}'), ('refund.requested', '{"n":2}'),
+         ('refund.requested', '{"n":3}'), ('refund.done', '{"n":4}')`,
+    );
+    await db.pool.query(
+      `UPDATE ${deadLetters} SET dead_at = now() - CASE queue WHEN 'refund.done' THEN interval '5 minutes'
+         ELSE interval '2 hours' END`,
+    );
+    // A dead letter of another reason: a queue's, not a kept event.
+    await db.pool.query(
+      `INSERT INTO ${deadLetters} (id, queue, payload, headers, created_at, available_at, deliveries_count,
+         attempts_count, failures_count, reason)
+       VALUES (nextval(pg_get_serial_sequence($1, 'id')), 'mail', '{}', '{}', now(), now(), 1, 1, 1, 'rejected')`,
+      [messages],
+    );
+    return schema;
+  }
+
+  it("shows each topic pattern's queues and the events kept for want of a subscriber, with how to replay them", async () => {
+    const schema = await withTopics("stt");
+    const out = await cli(["status", "--schema", schema]);
+    expect(out.stderr).toBe("");
+    expect(out.code).toBe(0);
+    const sections = out.stdout.split("\n\n");
+    // Queues first (the kept events count there too, under their topic, as dead-letters list shows them).
+    expect(sections[0]?.split("\n").map((l) => l.split(/\s+/).slice(0, 7).join(" "))).toEqual([
+      "QUEUE READY BLOCKED SCHEDULED LEASED EXPIRED DEAD",
+      "audit 1 0 0 0 0 0",
+      "billing 1 0 0 0 0 0",
+      "mail 1 0 0 0 0 1",
+      "refund.done 0 0 0 0 0 1",
+      "refund.requested 0 0 0 0 0 2",
+    ]);
+    expect(sections[1]).toBe(
+      [
+        "TOPIC         SUBSCRIBED QUEUES",
+        "order.*       billing, mail",
+        "order.placed  audit",
+        "payment.#     billing",
+      ].join("\n"),
+    );
+    const [kept, health] = (sections[2] ?? "").split("\nmessages table: ");
+    expect(kept).toBe(
+      [
+        "UNROUTED TOPIC    EVENTS  OLDEST",
+        "refund.requested       2     2 h",
+        "refund.done            1   5 min",
+        "3 events kept as dead letters no_subscribers: no queue subscribed to their topic. " +
+          "Subscribe one, then: outbox-worker dead-letters replay --reason no_subscribers",
+      ].join("\n"),
+    );
+    expect(health).toMatch(/^[\d,]+ dead tuples, /);
+    expect(sections).toHaveLength(3);
+
+    // The hint works: once a queue subscribes, the replay it names fans them out and the section goes.
+    await subscribe(db.pool, { schema, topic: "refund.#", queue: "refunds" });
+    const replay = await cli(["dead-letters", "replay", "--reason", "no_subscribers", "--schema", schema]);
+    expect(replay.code).toBe(0);
+    const after = await cli(["status", "--schema", schema]);
+    expect(after.stdout).not.toContain("UNROUTED TOPIC");
+    expect(after.stdout).toMatch(/\nrefunds +3 /);
+    expect(after.stdout).toContain("refund.#      refunds");
+  });
+
+  it("--json carries the same: pattern → queues, and the kept events per topic with their totals", async () => {
+    const schema = await withTopics("stj");
+    const out = await cli(["status", "--json", "--schema", schema]);
+    expect(out.code).toBe(0);
+    const status = JSON.parse(out.stdout);
+    expect(status.subscriptions).toEqual([
+      { pattern: "order.*", queues: ["billing", "mail"] },
+      { pattern: "order.placed", queues: ["audit"] },
+      { pattern: "payment.#", queues: ["billing"] },
+    ]);
+    expect(status.unrouted).toEqual({
+      events: 3,
+      topics: 2,
+      byTopic: [
+        { topic: "refund.requested", events: 2, oldest_age_s: expect.any(Number) },
+        { topic: "refund.done", events: 1, oldest_age_s: expect.any(Number) },
+      ],
+    });
+    expect(status.unrouted.byTopic[0].oldest_age_s).toBeGreaterThanOrEqual(7200);
+    expect(status.unrouted.byTopic[0].oldest_age_s).toBeLessThan(7260);
+    // The library lists the topics with most events first, up to its limit; the totals count them all.
+    const top = await topicStatus(db.pool, schema, { limit: 1 });
+    expect(top.unrouted).toMatchObject({ events: 3, topics: 2, byTopic: [{ topic: "refund.requested" }] });
+    await expect(topicStatus(db.pool, schema, { limit: 0 })).rejects.toThrow(/limit: must be a whole number/);
+  });
+
+  it("a role that may not read subscriptions gets them as not shown, the kept events still counted", async () => {
+    const schema = await withTopics("str");
+    const role = `insp_nosubs_${Math.random().toString(36).slice(2, 8)}`;
+    const { quotedSchema, messages, deadLetters } = outboxNames(schema);
+    await db.pool.query(`CREATE ROLE ${role} NOLOGIN`);
+    try {
+      await db.pool.query(`GRANT USAGE ON SCHEMA ${quotedSchema} TO ${role}`);
+      await db.pool.query(`GRANT SELECT ON ${messages}, ${deadLetters} TO ${role}`);
+      const out = await cli(["status", "--schema", schema], { PGOPTIONS: `-c role=${role}` });
+      expect(out.stderr).toBe("");
+      expect(out.code).toBe(0);
+      expect(out.stdout).toContain(
+        `\n\nsubscriptions: not shown (this role may not read ${schema}.subscriptions)\n`,
+      );
+      expect(out.stdout).toContain("3 events kept as dead letters no_subscribers");
+      const json = JSON.parse(
+        (await cli(["status", "--json", "--schema", schema], { PGOPTIONS: `-c role=${role}` })).stdout,
+      );
+      expect(json.subscriptions).toBeNull();
+      expect(json.unrouted.events).toBe(3);
+    } finally {
+      await db.pool.query(`DROP OWNED BY ${role}`);
+      await db.pool.query(`DROP ROLE ${role}`);
+    }
+  });
+
+  it("shows a kept topic's control characters escaped (dead_letters.queue is free text)", async () => {
+    const schema = await emptySchema("stx");
+    const { messages, deadLetters } = outboxNames(schema);
+    await db.pool.query(
+      `INSERT INTO ${deadLetters} (id, queue, payload, headers, created_at, available_at, deliveries_count,
+         attempts_count, failures_count, reason)
+       VALUES (nextval(pg_get_serial_sequence($1, 'id')), $2, '{}', '{}', now(), now(), 0, 0, 0, 'no_subscribers')`,
+      [messages, "evil\u001b[2J\rtopic"],
+    );
+    const out = await cli(["status", "--schema", schema]);
+    expect(out.code).toBe(0);
+    expect(out.stdout).toContain("evil\\u001b[2J\\rtopic");
+    expect(out.stdout).not.toContain("\u001b");
   });
 });
 

@@ -4,11 +4,14 @@ import pino from "pino";
 import { collectDefaultMetrics, Registry } from "prom-client";
 import { afterEach, beforeAll, describe, expect, it } from "vitest";
 import { PermanentError, TransientError } from "../src/contract/handler-errors.js";
-import { migrationState } from "../src/migrate/migrator.js";
+import { replayDeadLetters } from "../src/inspect/dead-letters.js";
+import { migrate, migrationState } from "../src/migrate/migrator.js";
 import { constant } from "../src/retry/strategies.js";
 import { startHttpServer } from "../src/service/http-server.js";
-import { createMetrics, type Metrics } from "../src/service/metrics.js";
+import { createMetrics, type Metrics, OTHER_TOPICS_LABEL } from "../src/service/metrics.js";
 import { createReadiness, type Readiness, type ReadinessReport } from "../src/service/readiness.js";
+import { outboxNames } from "../src/sql/names.js";
+import { subscribe, unsubscribe } from "../src/subscribe/subscriptions.js";
 import type { WorkerOptions } from "../src/worker/options.js";
 import { createWorker, type Worker } from "../src/worker/worker.js";
 import { testDatabase } from "./helpers/database.js";
@@ -225,6 +228,105 @@ describe("metrics", () => {
     const after = await svc.scrape();
     expect(after.get("outbox_lease_lost_total", { queue: "slow", phase: "ack" })).toBe(1);
     expect(after.get("outbox_acked_total", { queue: "slow" })).toBeUndefined();
+  });
+
+  it("exports subscriptions per queue and the events kept per topic, the topics bounded", async () => {
+    const schema = db.freshSchema("mtop");
+    await migrate({ connection: db.pool, schema });
+    const { messages } = outboxNames(schema);
+    const svc = await service({ schema });
+    for (const [topic, queue] of [
+      ["order.*", "billing"],
+      ["payment.#", "billing"],
+      ["order.*", "mail"],
+    ] as const) {
+      await subscribe(db.pool, { schema, topic, queue });
+    }
+    // Plain-SQL producers: order.placed reaches two queues; the rest is kept (no subscriber).
+    const topicInsert = `INSERT INTO ${messages} (topic, payload) SELECT t, '{}' FROM unnest($1::text[]) AS t`;
+    await db.pool.query(topicInsert, [
+      ["order.placed", "refund.requested", "refund.requested", "refund.done"],
+    ]);
+    // A queue's own dead letter is not a kept event.
+    await db.pool.query(
+      `INSERT INTO ${outboxNames(schema).deadLetters} (id, queue, payload, headers, created_at, available_at,
+         deliveries_count, attempts_count, failures_count, reason)
+       VALUES (nextval(pg_get_serial_sequence($1, 'id')), 'billing', '{}', '{}', now(), now(), 1, 1, 1, 'rejected')`,
+      [messages],
+    );
+    await svc.metrics.refresh();
+    const s = await svc.scrape();
+    expect(s.get("outbox_subscriptions", { queue: "billing" })).toBe(2);
+    expect(s.get("outbox_subscriptions", { queue: "mail" })).toBe(1);
+    expect(s.get("outbox_unrouted_events", { topic: "refund.requested" })).toBe(2);
+    expect(s.get("outbox_unrouted_events", { topic: "refund.done" })).toBe(1);
+    expect(s.get("outbox_unrouted_events", { topic: "order.placed" })).toBeUndefined();
+    expect(s.get("outbox_unrouted_events", { topic: "billing" })).toBeUndefined();
+    expect(s.get("outbox_unrouted_events", { topic: OTHER_TOPICS_LABEL })).toBeUndefined();
+    expect(s.text).toContain("# TYPE outbox_unrouted_events gauge");
+
+    // A queue unsubscribed from everything reads 0; a topic whose events were replayed loses its series.
+    await unsubscribe(db.pool, { schema, topic: "order.*", queue: "mail" });
+    await subscribe(db.pool, { schema, topic: "refund.requested", queue: "refunds" });
+    await replayDeadLetters(db.pool, schema, { queue: "refund.requested", reason: "no_subscribers" });
+    await svc.metrics.refresh();
+    const after = await svc.scrape();
+    expect(after.get("outbox_subscriptions", { queue: "mail" })).toBe(0);
+    expect(after.get("outbox_subscriptions", { queue: "refunds" })).toBe(1);
+    expect(after.get("outbox_unrouted_events", { topic: "refund.requested" })).toBeUndefined();
+    expect(after.get("outbox_unrouted_events", { topic: "refund.done" })).toBe(1);
+    expect(after.get("outbox_backlog", { queue: "refunds" })).toBe(2);
+
+    // 60 more topics: a series for the 50 with most events, the rest summed under one label.
+    await db.pool.query(topicInsert, [
+      Array.from({ length: 60 }, (_, i) => `spam.t${String(i).padStart(2, "0")}`),
+    ]);
+    await db.pool.query(topicInsert, [["spam.t59", "spam.t59"]]);
+    await svc.metrics.refresh();
+    const many = await svc.scrape();
+    const series = many.text.split("\n").filter((l) => l.startsWith("outbox_unrouted_events{"));
+    expect(series).toHaveLength(51);
+    expect(many.get("outbox_unrouted_events", { topic: "spam.t59" })).toBe(3);
+    // Ties by name: refund.done and spam.t00…spam.t47 shown; spam.t48…spam.t58 summed.
+    expect(many.get("outbox_unrouted_events", { topic: "spam.t47" })).toBe(1);
+    expect(many.get("outbox_unrouted_events", { topic: "spam.t48" })).toBeUndefined();
+    expect(many.get("outbox_unrouted_events", { topic: OTHER_TOPICS_LABEL })).toBe(11);
+    const total = series.reduce((n, l) => n + Number(l.split(" ").pop()), 0);
+    expect(total).toBe(1 + 60 + 2);
+    expect(many.get("outbox_gauge_refresh_errors_total")).toBe(0);
+  });
+
+  it("leaves outbox_subscriptions out, and the rest in, for a role that may not read subscriptions", async () => {
+    const schema = db.freshSchema("mrole");
+    await migrate({ connection: db.pool, schema });
+    const { quotedSchema, messages, deadLetters } = outboxNames(schema);
+    await subscribe(db.pool, { schema, topic: "order.*", queue: "billing" });
+    await db.pool.query(`INSERT INTO ${messages} (topic, payload) VALUES ('refund.done', '{}')`);
+    const role = `metrics_nosubs_${Math.random().toString(36).slice(2, 8)}`;
+    await db.pool.query(`CREATE ROLE ${role} NOLOGIN`);
+    const pool = new pg.Pool({ connectionString: db.url, max: 2, options: `-c role=${role}` });
+    cleanups.push(async () => {
+      await pool.end();
+      await db.pool.query(`DROP OWNED BY ${role}`);
+      await db.pool.query(`DROP ROLE ${role}`);
+    });
+    await db.pool.query(`GRANT USAGE ON SCHEMA ${quotedSchema} TO ${role}`);
+    await db.pool.query(`GRANT SELECT ON ${messages}, ${deadLetters} TO ${role}`);
+    const metrics = createMetrics({ pool, schema, collectDefault: false, logger: silent });
+    cleanups.push(() => metrics.stop());
+    await metrics.refresh();
+    const values = async (name: string) =>
+      (await metrics.registry.getSingleMetric(name)?.get())?.values ?? [];
+    expect(await values("outbox_subscriptions")).toEqual([]);
+    expect(await values("outbox_unrouted_events")).toEqual([
+      expect.objectContaining({ labels: { topic: "refund.done" }, value: 1 }),
+    ]);
+    // Granted, the series appears on the next refresh.
+    await db.pool.query(`GRANT SELECT ON ${outboxNames(schema).subscriptions} TO ${role}`);
+    await metrics.refresh();
+    expect(await values("outbox_subscriptions")).toEqual([
+      expect.objectContaining({ labels: { queue: "billing" }, value: 1 }),
+    ]);
   });
 
   it("refreshes the gauges on its own timer once started", async () => {

@@ -2,6 +2,7 @@ import type pg from "pg";
 import pino, { type Logger } from "pino";
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client";
 import { type QueueStatus, queueStatus } from "../inspect/status.js";
+import { type TopicStatus, topicStatus } from "../inspect/subscriptions-status.js";
 import { tableHealth } from "../inspect/table-health.js";
 import type { ListenerState } from "../notify/notifier.js";
 import type { Worker } from "../worker/worker.js";
@@ -46,6 +47,13 @@ const LISTENER_STATES = Object.keys({
 } satisfies Record<ListenerState, true>) as ListenerState[];
 
 type QueueGauge = keyof Omit<QueueStatus, "queue">;
+
+/**
+ * Topics are named by producers, not declared: a bug could publish to many. The gauge keeps a series for
+ * the topics with the most kept events and sums the rest under one label no topic can have.
+ */
+const UNROUTED_TOPIC_SERIES = 50;
+export const OTHER_TOPICS_LABEL = "(other)";
 
 /** Prometheus metrics for one outbox schema: worker events as counters, queue state as gauges. */
 export function createMetrics(opts: MetricsOptions): Metrics {
@@ -131,6 +139,19 @@ export function createMetrics(opts: MetricsOptions): Metrics {
     ),
   };
   const seenQueues = new Set<string>();
+  const subscriptions = gauge(
+    "outbox_subscriptions",
+    "Topic patterns the queue is subscribed to (rows of the subscriptions table).",
+    ["queue"],
+  );
+  const unrouted = gauge(
+    "outbox_unrouted_events",
+    `Events kept as dead letters no_subscribers: published to a topic no queue subscribed to. At most ${UNROUTED_TOPIC_SERIES} topics, the rest summed under topic="${OTHER_TOPICS_LABEL}".`,
+    ["topic"],
+  );
+  const subscribedQueues = new Set<string>();
+  let unroutedTopics = new Set<string>();
+  let subscriptionsHidden = false;
   const table = {
     dead: gauge("outbox_table_dead_tuples", "Dead row versions in the messages table, not vacuumed yet.", []),
     bytes: gauge("outbox_table_size_bytes", "The messages table with its indexes and TOAST.", []),
@@ -154,6 +175,50 @@ export function createMetrics(opts: MetricsOptions): Metrics {
     const last = health.last_autovacuum ?? health.last_vacuum;
     table.lastVacuum.set(last ? last.getTime() / 1000 : 0);
     table.autovacuum.set(health.autovacuum_enabled ? 1 : 0);
+  }
+
+  async function refreshTopics(): Promise<void> {
+    setTopicGauges(await topicStatus(opts.pool, opts.schema, { limit: UNROUTED_TOPIC_SERIES }));
+  }
+
+  function setTopicGauges(topics: TopicStatus) {
+    if (topics.subscriptions === null) {
+      // A worker role granted without SELECT on subscriptions: no series rather than a wrong 0. Info, once:
+      // most roles are granted so, and an outbox that uses no topics loses nothing.
+      if (!subscriptionsHidden) {
+        log.info("outbox_subscriptions is not exported: this role may not read the subscriptions table");
+      }
+      subscriptionsHidden = true;
+      subscriptions.reset();
+      subscribedQueues.clear();
+    } else {
+      subscriptionsHidden = false;
+      const counts = new Map<string, number>();
+      for (const s of topics.subscriptions) {
+        for (const queue of s.queues) counts.set(queue, (counts.get(queue) ?? 0) + 1);
+      }
+      // A queue unsubscribed from everything drops out of the query: 0, not its last count.
+      for (const queue of subscribedQueues) if (!counts.has(queue)) counts.set(queue, 0);
+      for (const [queue, n] of counts) {
+        subscriptions.set({ queue }, n);
+        subscribedQueues.add(queue);
+      }
+    }
+    // Kept events' topics come and go with producers' mistakes: a topic replayed or purged loses its
+    // series instead of keeping a 0 forever, so the label set stays within UNROUTED_TOPIC_SERIES + 1.
+    const present = new Set<string>();
+    const { unrouted: kept } = topics;
+    for (const t of kept.byTopic) {
+      unrouted.set({ topic: t.topic }, t.events);
+      present.add(t.topic);
+    }
+    const rest = kept.events - kept.byTopic.reduce((n, t) => n + t.events, 0);
+    if (rest > 0) {
+      unrouted.set({ topic: OTHER_TOPICS_LABEL }, rest);
+      present.add(OTHER_TOPICS_LABEL);
+    }
+    for (const topic of unroutedTopics) if (!present.has(topic)) unrouted.remove({ topic });
+    unroutedTopics = present;
   }
 
   function setGauges(rows: QueueStatus[]) {
@@ -190,7 +255,8 @@ export function createMetrics(opts: MetricsOptions): Metrics {
   let queued: Promise<void> | undefined;
   function refresh(): Promise<void> {
     if (!running) {
-      running = Promise.all([queueStatus(opts.pool, opts.schema), refreshTable()])
+      // Two connections at most, as the pool sizes for: the topic statements follow the table's.
+      running = Promise.all([queueStatus(opts.pool, opts.schema), refreshTable().then(refreshTopics)])
         .then(
           ([rows]) => setGauges(rows),
           (error: unknown) => {

@@ -131,3 +131,86 @@ export interface BacklogRow {
 export function backlogStatement(names: OutboxNames): Query<NoParams, BacklogRow> {
   return defineQuery("backlog", `SELECT count(*)::int AS n FROM ${names.messages}`, () => []);
 }
+
+/** Whether there is a subscriptions table, and whether this role may read it (a plain worker role may not). */
+export interface SubscriptionsAccessRow {
+  /** False on a schema before migration 0012: no subscription can exist. */
+  present: boolean;
+  /** SELECT on its pattern and queue columns. */
+  readable: boolean;
+}
+
+/**
+ * Asked first, so a role without the right gets "not shown" instead of an error (which would also abort a
+ * caller's transaction): Postgres checks table rights before it runs a statement, whatever its WHERE says.
+ */
+export function subscriptionsAccessStatement(names: OutboxNames): Query<NoParams, SubscriptionsAccessRow> {
+  const table = quoteLiteral(names.subscriptions);
+  return defineQuery(
+    "subscriptions_access",
+    `SELECT t.oid IS NOT NULL AS present,
+       COALESCE(has_column_privilege(t.oid, 'pattern', 'SELECT') AND has_column_privilege(t.oid, 'queue', 'SELECT'),
+                false) AS readable
+FROM (SELECT to_regclass(${table}) AS oid) AS t`,
+    () => [],
+  );
+}
+
+/** One topic pattern and the queues subscribed to it. */
+export interface TopicSubscribersRow {
+  /** A topic name or pattern (`order.placed`, `order.*`, `order.#`). */
+  pattern: string;
+  /** The queues that receive a copy of each event it matches, in name order. */
+  queues: string[];
+}
+
+/**
+ * Every subscription, grouped by pattern. The table is what operators declare (a row per pattern and
+ * queue), so it is small; read through its primary key's order.
+ */
+export function topicSubscribersStatement(names: OutboxNames): Query<NoParams, TopicSubscribersRow> {
+  return defineQuery(
+    "topic_subscribers",
+    `SELECT pattern, array_agg(queue ORDER BY queue) AS queues
+FROM ${names.subscriptions}
+GROUP BY pattern
+ORDER BY pattern`,
+    () => [],
+  );
+}
+
+/** Events of one topic kept as dead letters `no_subscribers` (their `queue` column is the topic). */
+export interface UnroutedTopicRow {
+  topic: string;
+  /** Events kept. */
+  events: number;
+  /** Seconds since the oldest of them was kept. */
+  oldest_age_s: number;
+  /** Topics with kept events, all of them (the rows stop at the limit). */
+  topics: number;
+  /** Kept events, all topics together. */
+  total: number;
+}
+
+/**
+ * Per topic, the events published while no queue subscribed to it, most first, at most $1 topics (a
+ * producer names topics, and a mistake could make many), each row carrying the totals over all topics.
+ * A plain aggregate over dead_letters like queue_status's: no row lock, no lease.
+ */
+export function unroutedTopicsStatement(names: OutboxNames): Query<{ limit: number }, UnroutedTopicRow> {
+  return defineQuery(
+    "unrouted_topics",
+    `WITH t AS (
+  SELECT queue AS topic, count(*)::int AS events, min(dead_at) AS oldest
+  FROM ${names.deadLetters}
+  WHERE reason = 'no_subscribers'
+  GROUP BY queue
+)
+SELECT topic, events, extract(epoch FROM now() - oldest)::float8 AS oldest_age_s,
+       (count(*) OVER ())::int AS topics, (sum(events) OVER ())::int AS total
+FROM t
+ORDER BY events DESC, topic
+LIMIT $1::int`,
+    (p) => [p.limit],
+  );
+}
