@@ -1,5 +1,6 @@
 import type pg from "pg";
 import { outboxNames } from "../src/sql/names.js";
+import { subscribe } from "../src/subscribe/subscriptions.js";
 
 /** The payload a console must show as text: were it markup, the page would set window.__pwned. */
 export const HOSTILE_PAYLOAD = {
@@ -14,9 +15,19 @@ export const SEEDED_COUNTS = {
   webhooks: { ready: 1, scheduled: 2, leased: 0, expired: 0, dead: 0 },
 } as const;
 
+/** What seedConsoleDemo subscribes: topic pattern → queues. */
+export const SEEDED_SUBSCRIPTIONS = [
+  { pattern: "customer.signed_up", queues: ["mail"] },
+  { pattern: "order.*", queues: ["orders", "webhooks"] },
+] as const;
+
+/** Events seedConsoleDemo publishes to topics no queue subscribes to (kept as dead letters no_subscribers). */
+export const SEEDED_UNROUTED = { "refund.requested": 2, "invoice.voided": 1 } as const;
+
 /**
  * Messages in three queues in every state (ready, scheduled, leased, an expired lease) and dead letters,
- * one of them with a hostile payload and error, in a migrated, empty schema. Returns the dead letters' ids.
+ * one of them with a hostile payload and error, in a migrated, empty schema; two topic subscriptions, and
+ * events published by plain SQL to topics nobody subscribes to. Returns the (queue) dead letters' ids.
  */
 export async function seedConsoleDemo(
   pool: pg.Pool,
@@ -66,5 +77,15 @@ export async function seedConsoleDemo(
     await dead("orders", "retries_exhausted", "3 days", "timeout talking to billing", { order: 41 }),
     await dead("mail", "max_deliveries", "20 minutes", "SMTP 451 try again later", { to: "a@example.com" }),
   ];
+  for (const { pattern, queues } of SEEDED_SUBSCRIPTIONS) {
+    for (const queue of queues) await subscribe(pool, { schema, topic: pattern, queue });
+  }
+  for (const [topic, n] of Object.entries(SEEDED_UNROUTED)) {
+    await pool.query(
+      `INSERT INTO ${messages} (topic, payload)
+       SELECT $1::text, jsonb_build_object('topic', $1::text, 'n', i) FROM generate_series(1, $2::int) AS i`,
+      [topic, n],
+    );
+  }
   return { hostile, others };
 }

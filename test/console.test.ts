@@ -6,8 +6,16 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { createHistory } from "../src/console/history.js";
 import { ConfigError, loadServiceConfig, serviceConfigSchema } from "../src/service/config.js";
 import { type RunningService, startService } from "../src/service/service.js";
+import { subscribe } from "../src/subscribe/subscriptions.js";
 import type { Worker } from "../src/worker/worker.js";
-import { HOSTILE_ERROR, HOSTILE_PAYLOAD, SEEDED_COUNTS, seedConsoleDemo } from "./console-seed.js";
+import {
+  HOSTILE_ERROR,
+  HOSTILE_PAYLOAD,
+  SEEDED_COUNTS,
+  SEEDED_SUBSCRIPTIONS,
+  SEEDED_UNROUTED,
+  seedConsoleDemo,
+} from "./console-seed.js";
 import { chromiumMissing, launchChromium } from "./helpers/chromium.js";
 import { runCli } from "./helpers/cli-in-process.js";
 import { testDatabase } from "./helpers/database.js";
@@ -221,6 +229,31 @@ describe("console over HTTP", () => {
         expect.objectContaining({ worker: "worker-b", held: 1, expired: 1 }),
       ]),
     );
+    // Topics: pattern → queues, and the events no queue subscribed to, per topic, listed as dead letters.
+    expect(status.subscriptions).toEqual(SEEDED_SUBSCRIPTIONS);
+    expect(status.unrouted).toEqual({
+      events: 3,
+      topics: 2,
+      byTopic: [
+        {
+          topic: "refund.requested",
+          events: SEEDED_UNROUTED["refund.requested"],
+          oldest_age_s: expect.any(Number),
+        },
+        {
+          topic: "invoice.voided",
+          events: SEEDED_UNROUTED["invoice.voided"],
+          oldest_age_s: expect.any(Number),
+        },
+      ],
+    });
+    const kept = JSON.parse(
+      (await get(`${base}/console/api/dead-letters?queue=refund.requested&reason=no_subscribers`)).text,
+    );
+    expect(kept.map((d: { headers: Record<string, string> }) => d.headers["outbox-topic"])).toEqual([
+      "refund.requested",
+      "refund.requested",
+    ]);
     const peek = JSON.parse((await get(`${base}/console/api/peek?queue=orders&state=ready`)).text);
     expect(peek).toHaveLength(SEEDED_COUNTS.orders.ready);
     const rejected = JSON.parse(
@@ -403,6 +436,86 @@ describe.skipIf(missing !== undefined)("console in a headless Chromium", () => {
       await expect.poll(() => rowCounts(target)).toEqual({ m: 1, d: 0 });
       await expect.poll(() => page.locator("#notice").textContent()).toBe("Replayed 1 dead letter.");
       await expect.poll(() => page.locator(`#dead tr[data-id="${target}"]`).count()).toBe(0);
+      expect(await page.evaluate(() => (globalThis as { __pwned?: number }).__pwned)).toBeUndefined();
+      expect(errors).toEqual([]);
+    } finally {
+      await page.close();
+    }
+  });
+
+  it("shows subscriptions and kept topic events as text, lists them, and replays them to a new subscriber", async () => {
+    // dead_letters.queue is free text: a kept event's "topic" written by hand may be markup.
+    const hostileTopic = '<img src=x onerror="window.__pwned=4">';
+    await db.pool.query(
+      `INSERT INTO ${db.names.deadLetters} (id, queue, payload, headers, created_at, available_at,
+         deliveries_count, attempts_count, failures_count, reason)
+       VALUES (nextval(pg_get_serial_sequence($1, 'id')), $2, '{}', '{}', now(), now(), 0, 0, 0, 'no_subscribers')`,
+      [db.names.messages, hostileTopic],
+    );
+    const { base } = await serve({ enabled: true, writeToken: WRITE_TOKEN });
+    const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+    const errors: string[] = [];
+    page.on("console", (m) => {
+      if (m.type() === "error") errors.push(`console: ${m.text()}`);
+    });
+    page.on("pageerror", (e) => errors.push(`pageerror: ${e.message}`));
+    try {
+      await page.goto(`${base}/console/`);
+      for (const { pattern, queues } of SEEDED_SUBSCRIPTIONS) {
+        await expect
+          .poll(() =>
+            page.locator(`#subscriptions tr[data-pattern="${pattern}"] td[data-col="queues"]`).textContent(),
+          )
+          .toBe(queues.join(", "));
+      }
+      const refunds = page.locator('#unrouted tr[data-topic="refund.requested"]');
+      await expect.poll(() => refunds.locator('td[data-col="events"]').textContent()).toBe("2");
+      expect(await page.locator('#unrouted td[data-col="topic"]').allTextContents()).toEqual([
+        "refund.requested",
+        hostileTopic,
+        "invoice.voided",
+      ]);
+      expect(await page.locator("#unrouted-note").textContent()).toMatch(
+        /^4 events kept\. Subscribe a queue/,
+      );
+      expect(await page.locator("main img").count()).toBe(0);
+
+      // List: the dead-letter table filtered to the topic's kept events.
+      await refunds.locator('button[data-action="list"]').click();
+      await expect
+        .poll(() => page.locator('#dead td[data-col="reason"]').allTextContents())
+        .toEqual(["no_subscribers", "no_subscribers"]);
+      expect(await page.locator("#dead-queue").inputValue()).toBe("refund.requested");
+
+      // Replay before anyone subscribes: nothing moves, and the page says why.
+      await page.fill("#token", WRITE_TOKEN);
+      await page.click("#token-save");
+      const replay = refunds.locator('button[data-action="replay"]');
+      await expect.poll(() => replay.isEnabled()).toBe(true);
+      await replay.click();
+      await expect
+        .poll(() => page.locator("#notice").textContent())
+        .toBe("Nothing to replay (2 skipped: their topic has no subscriber yet).");
+
+      // Subscribed now: the replay fans them out to the new subscriber.
+      await subscribe(db.pool, { schema: db.schema, topic: "refund.#", queue: "refunds" });
+      await replay.click();
+      await expect
+        .poll(() => page.locator("#confirm-text").textContent())
+        .toMatch(/This will replay 2 dead letters into/);
+      expect(await page.locator("#confirm-queues").textContent()).toBe("topic refund.requested: 2");
+      await page.click("#confirm-yes");
+      await expect.poll(() => page.locator("#notice").textContent()).toBe("Replayed 2 dead letters.");
+      await expect.poll(() => refunds.count()).toBe(0);
+      const { rows } = await db.pool.query(
+        `SELECT count(*)::int AS n FROM ${db.names.messages} WHERE queue = 'refunds'`,
+      );
+      expect(rows[0]?.n).toBe(2);
+      await expect
+        .poll(() =>
+          page.locator('#subscriptions tr[data-pattern="refund.#"] td[data-col="queues"]').textContent(),
+        )
+        .toBe("refunds");
       expect(await page.evaluate(() => (globalThis as { __pwned?: number }).__pwned)).toBeUndefined();
       expect(errors).toEqual([]);
     } finally {

@@ -9,6 +9,7 @@ import {
 } from "../inspect/dead-letters.js";
 import { type MessageState, peekMessages } from "../inspect/peek.js";
 import { queueStatus, workerLeases } from "../inspect/status.js";
+import { topicStatus } from "../inspect/subscriptions-status.js";
 import type { Executor } from "../sql/executor.js";
 import { parseDuration } from "../util/duration.js";
 import type { History } from "./history.js";
@@ -66,12 +67,19 @@ export function createApi(opts: { db: Executor; schema: string; history: History
   const { db, schema } = opts;
   return {
     async status(writable: boolean) {
-      const [queues, workers] = await Promise.all([queueStatus(db, schema), workerLeases(db, schema)]);
+      const [queues, workers, topics] = await Promise.all([
+        queueStatus(db, schema),
+        workerLeases(db, schema),
+        topicStatus(db, schema),
+      ]);
       return {
         schema,
         writable,
         queues,
         workers,
+        // Pattern → queues (null: this role may not read them), and the events no queue subscribed to.
+        subscriptions: topics.subscriptions,
+        unrouted: topics.unrouted,
         history: { intervalMs: opts.history?.intervalMs ?? null, samples: opts.history?.samples() ?? [] },
         now: new Date().toISOString(),
       };

@@ -62,6 +62,19 @@ export function consoleHtml(pathPrefix: string): string {
   </table>
 </section>
 <section>
+  <h2>Topics</h2>
+  <table id="subscriptions">
+    <thead><tr><th>Topic pattern</th><th>Subscribed queues</th></tr></thead>
+    <tbody></tbody>
+  </table>
+  <h3>Events no queue subscribed to <span class="muted">(kept as dead letters no_subscribers)</span></h3>
+  <table id="unrouted">
+    <thead><tr><th>Topic</th><th>Events</th><th>Oldest</th><th></th></tr></thead>
+    <tbody></tbody>
+  </table>
+  <p id="unrouted-note" class="muted" hidden></p>
+</section>
+<section>
   <h2>Unprocessed <span class="muted">(oldest first)</span></h2>
   <form id="peek-form" class="filters">
     <input id="peek-queue" placeholder="queue">

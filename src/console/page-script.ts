@@ -125,6 +125,64 @@ export const CONSOLE_SCRIPT = `
     });
   }
 
+  var NO_SUBSCRIBERS = "no_subscribers";
+
+  function renderSubscriptions(subscriptions) {
+    if (subscriptions === null || subscriptions === undefined) {
+      // Not the same as none: this role may not read the table.
+      var tr = el("tr");
+      var td = el("td", "not shown: the console's database role may not read the subscriptions table", "empty");
+      td.colSpan = 2;
+      tr.appendChild(td);
+      $("subscriptions").tBodies[0].replaceChildren(tr);
+      return;
+    }
+    fill("subscriptions", subscriptions, 2, function (s) {
+      var tr = el("tr");
+      tr.setAttribute("data-pattern", s.pattern);
+      cell(tr, s.pattern, "text", "pattern");
+      cell(tr, s.queues.join(", "), "text", "queues");
+      return tr;
+    });
+  }
+
+  function showUnrouted(topic) {
+    $("dead-queue").value = topic;
+    $("dead-reason").value = NO_SUBSCRIBERS;
+    refresh();
+    $("dead").scrollIntoView();
+  }
+
+  function renderUnrouted(unrouted) {
+    var kept = unrouted || { events: 0, topics: 0, byTopic: [] };
+    fill("unrouted", kept.byTopic, 4, function (t) {
+      var tr = el("tr");
+      tr.setAttribute("data-topic", t.topic);
+      cell(tr, t.topic, "text", "topic");
+      cell(tr, t.events, "num alarm", "events");
+      cell(tr, age(t.oldest_age_s), "num", "oldest");
+      var actions = cell(tr, null, null, "actions");
+      var list = el("button", "List");
+      list.type = "button";
+      list.setAttribute("data-action", "list");
+      list.addEventListener("click", function () { showUnrouted(t.topic); });
+      var replay = el("button", "Replay…", "write");
+      replay.type = "button";
+      replay.setAttribute("data-action", "replay");
+      replay.disabled = !writable;
+      replay.addEventListener("click", function () { askReplay({ queue: t.topic, reason: NO_SUBSCRIBERS }); });
+      actions.append(list, " ", replay);
+      return tr;
+    });
+    var note = $("unrouted-note");
+    var more = kept.topics - kept.byTopic.length;
+    note.textContent = kept.events === 0 ? "" :
+      kept.events + " event" + (kept.events === 1 ? "" : "s") + " kept" +
+      (more > 0 ? " (the " + kept.byTopic.length + " topics with most shown, " + more + " more)" : "") +
+      ". Subscribe a queue to the topic, then replay: each goes to the topic's subscribers of that moment.";
+    note.hidden = kept.events === 0;
+  }
+
   function line(samples, key, max, w, h, cls) {
     var span = Math.max(samples.length - 1, 1);
     var points = samples.map(function (s, i) {
@@ -231,6 +289,8 @@ export const CONSOLE_SCRIPT = `
         $("schema").textContent = "schema " + s.schema;
         renderQueues(s.queues);
         renderWorkers(s.workers);
+        renderSubscriptions(s.subscriptions);
+        renderUnrouted(s.unrouted);
         renderChart(s.history);
         Array.prototype.forEach.call(document.querySelectorAll("button.write"), function (b) {
           b.disabled = !writable;
@@ -252,7 +312,7 @@ export const CONSOLE_SCRIPT = `
   function confirmBox(text, queues, onYes) {
     $("confirm-text").textContent = text;
     $("confirm-queues").replaceChildren.apply($("confirm-queues"), queues.map(function (q) {
-      return el("li", "queue " + q.queue + ": " + q.n);
+      return el("li", q.label + ": " + q.n);
     }));
     pending = onYes;
     $("confirm-yes").disabled = false;
@@ -264,17 +324,27 @@ export const CONSOLE_SCRIPT = `
     $("confirm").hidden = true;
   }
 
+  // Why replay leaves a dead letter: its id is back in messages, or (kept for want of a subscriber) its
+  // topic still has none.
+  function skipReason(filter) {
+    if (filter.reason === NO_SUBSCRIBERS) return "their topic has no subscriber yet";
+    if (filter.reason) return "a message with the same id exists";
+    return "a message with the same id exists, or their topic has no subscriber yet";
+  }
+
   function askReplay(filter) {
     $("notice").hidden = true;
+    var why = skipReason(filter);
+    var kind = filter.reason === NO_SUBSCRIBERS ? "topic " : "queue ";
     call("POST", "/api/dead-letters/replay", Object.assign({ dryRun: true }, filter)).then(function (r) {
       if (r.replayed === 0) {
-        notice("Nothing to replay" + (r.skipped ? " (" + r.skipped + " skipped: a message with the same id exists)" : "") + ".", false);
+        notice("Nothing to replay" + (r.skipped ? " (" + r.skipped + " skipped: " + why + ")" : "") + ".", false);
         return;
       }
       var text = "This will replay " + plural(r.replayed) + " into messages, ready now" +
-        (r.skipped ? "; " + r.skipped + " will be skipped (a message with the same id exists)" : "") + ".";
+        (r.skipped ? "; " + r.skipped + " will be skipped (" + why + ")" : "") + ".";
       confirmBox(text, r.queues.filter(function (q) { return q.replayed > 0; }).map(function (q) {
-        return { queue: q.queue, n: q.replayed };
+        return { label: kind + q.queue, n: q.replayed };
       }), function () {
         return call("POST", "/api/dead-letters/replay", filter).then(function (done) {
           notice("Replayed " + plural(done.replayed) + (done.skipped ? ", skipped " + done.skipped : "") + ".", false);
@@ -294,7 +364,7 @@ export const CONSOLE_SCRIPT = `
         return;
       }
       confirmBox("This will delete " + plural(r.purged) + " older than " + body.olderThan + ", for good.",
-        r.queues.map(function (q) { return { queue: q.queue, n: q.purged }; }),
+        r.queues.map(function (q) { return { label: "queue " + q.queue, n: q.purged }; }),
         function () {
           return call("POST", "/api/dead-letters/purge", body).then(function (done) {
             notice("Purged " + plural(done.purged) + ".", false);

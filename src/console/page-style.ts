@@ -19,6 +19,7 @@ td.text { max-width: 360px; overflow-wrap: anywhere; font-family: ui-monospace, 
 td.empty { color: var(--muted); text-align: center; }
 td.alarm { color: var(--bad); font-weight: 600; }
 td[data-col="actions"], td[data-col="died"] { white-space: nowrap; }
+table + h3 { margin-top: 14px; }
 .filters { display: flex; flex-wrap: wrap; gap: 6px; align-items: center; margin-bottom: 8px; }
 input, select, button { font: inherit; padding: 3px 8px; border: 1px solid #c9ced8; border-radius: 5px; background: #fff; }
 button { cursor: pointer; }
