@@ -74,6 +74,14 @@ export interface QueueConfig<P = unknown> {
    * false makes the key plain metadata: this queue's keyed messages run in parallel like keyless ones.
    */
   ordered?: boolean;
+  /**
+   * Topic names or patterns (`order.placed`, `order.*`, `order.#`) this queue subscribes to: `worker.start()`
+   * subscribes it to each one it is not subscribed to yet, before it fetches, so events published to a
+   * matching topic after that get a copy in this queue. Add-only: removing a pattern from this list does
+   * not unsubscribe (`outbox-worker unsubscribe` or `unsubscribe()` does). The worker's role needs the
+   * right to change subscriptions (`outbox-worker grant --worker-can-subscribe`).
+   */
+  subscribe?: readonly string[];
 }
 
 /** A queue's {@link QueueConfig} with every default filled in, as the dispatcher uses it. */

@@ -6,6 +6,7 @@ import { OutboxConfigError } from "../contract/errors.js";
 import type { Handler, QueueConfig, ResolvedQueue } from "../contract/handler.js";
 import { type QueueDefinition, validateQueueName } from "../contract/queue.js";
 import type { RetryStrategy } from "../contract/retry.js";
+import { validateTopicPattern } from "../contract/topic.js";
 import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
 
 const positiveMs = (max: number) => z.number().int().positive().max(max);
@@ -90,6 +91,7 @@ const queueConfigSchema = z.strictObject({
   timeoutMs: z.number().int().min(1).max(86_400_000).optional(),
   rawPayload: z.boolean().optional(),
   ordered: z.boolean().optional(),
+  subscribe: z.array(z.string(), "must be an array of topic names or patterns").readonly().optional(),
 });
 
 const optionsSchema = z
@@ -138,6 +140,19 @@ const optionsSchema = z
           message: (error as OutboxConfigError).reason,
         });
       }
+      if (typeof def === "object") {
+        def.subscribe?.forEach((pattern, i) => {
+          try {
+            validateTopicPattern(pattern);
+          } catch (error) {
+            ctx.addIssue({
+              code: "custom",
+              path: ["queues", name, "subscribe", i],
+              message: (error as OutboxConfigError).reason,
+            });
+          }
+        });
+      }
       if (typeof def === "object" && def.rawPayload && def.schema) {
         ctx.addIssue({
           code: "custom",
@@ -157,11 +172,21 @@ const optionsSchema = z
  */
 export type WorkerOptions = z.input<typeof optionsSchema>;
 
+/** One subscription a queue's `subscribe` asks for, and where it was given (for errors). */
+export interface QueueSubscription {
+  queue: string;
+  pattern: string;
+  /** `queues.billing.subscribe[0]` */
+  field: string;
+}
+
 export type ResolvedOptions = Omit<
   z.output<typeof optionsSchema>,
   "queues" | "heartbeatMs" | "workerId" | "queryTimeoutMs"
 > & {
   queues: Map<string, ResolvedQueue>;
+  /** Every queue's `subscribe`, in queue then list order, each pattern once per queue. */
+  subscriptions: QueueSubscription[];
   heartbeatMs: number;
   queryTimeoutMs: number;
   workerId: string;
@@ -186,12 +211,18 @@ export function defaultQueryTimeoutMs(leaseTtlMs: number): number {
   return Math.min(10_000, Math.floor(leaseTtlMs / 3));
 }
 
+/** A field as a user writes it: `queues.billing.subscribe[0]`. */
+function fieldName(path: readonly PropertyKey[]): string {
+  const text = path.map((p) => (typeof p === "number" ? `[${p}]` : `.${String(p)}`)).join("");
+  return text.replace(/^\./, "") || "(options)";
+}
+
 /** Parse and cross-check worker options; every problem is reported with its field, before anything connects. */
 export function resolveWorkerOptions(input: WorkerOptions): ResolvedOptions {
   const parsed = optionsSchema.safeParse(input);
   if (!parsed.success) {
-    const problems = parsed.error.issues.map((i) => `${i.path.join(".") || "(options)"}: ${i.message}`);
-    const fields = [...new Set(parsed.error.issues.map((i) => i.path.join(".") || "(options)"))].join(", ");
+    const problems = parsed.error.issues.map((i) => `${fieldName(i.path)}: ${i.message}`);
+    const fields = [...new Set(parsed.error.issues.map((i) => fieldName(i.path)))].join(", ");
     throw new OutboxConfigError(
       fields,
       problems.join("; "),
@@ -200,8 +231,14 @@ export function resolveWorkerOptions(input: WorkerOptions): ResolvedOptions {
   }
   const o = parsed.data;
   const queues = new Map<string, ResolvedQueue>();
+  const subscriptions: QueueSubscription[] = [];
   for (const [name, def] of Object.entries(o.queues)) {
     const config = typeof def === "function" ? { handler: def as Handler } : def;
+    const patterns = ("subscribe" in config ? config.subscribe : undefined) ?? [];
+    patterns.forEach((pattern, i) => {
+      if (patterns.indexOf(pattern) === i)
+        subscriptions.push({ queue: name, pattern, field: `queues.${name}.subscribe[${i}]` });
+    });
     queues.set(name, {
       name,
       handler: config.handler as Handler,
@@ -216,6 +253,7 @@ export function resolveWorkerOptions(input: WorkerOptions): ResolvedOptions {
   return {
     ...o,
     queues,
+    subscriptions,
     heartbeatMs: o.heartbeatMs ?? Math.max(250, Math.floor(o.leaseTtlMs / 3)),
     queryTimeoutMs: o.queryTimeoutMs ?? defaultQueryTimeoutMs(o.leaseTtlMs),
     workerId: o.workerId ?? defaultWorkerId(),

@@ -6,6 +6,7 @@ import { runQuery } from "../sql/executor.js";
 import { outboxNames } from "../sql/names.js";
 import { serverStartedStatement } from "../sql/probes.js";
 import { redactConnectionString, registerUrlSecrets } from "../util/redact.js";
+import { applySubscriptions } from "./apply-subscriptions.js";
 import { createEngine, type StopResult, within } from "./engine.js";
 import { EventLoopWatch } from "./event-loop-watch.js";
 import { WorkerEmitter, type WorkerEventName, type WorkerEvents } from "./events.js";
@@ -20,7 +21,11 @@ export type { StopResult };
 export interface Worker {
   /** Its `workerId`, written to `acquired_by` on the rows it leases. */
   readonly id: string;
-  /** Connect, LISTEN and start fetching. Call once. */
+  /**
+   * Connect, subscribe the queues to the topics their `subscribe` lists name (those not subscribed yet),
+   * LISTEN and start fetching. Call once. Rejects, and the worker is stopped, when a subscription cannot
+   * be made (the error names the queue's field, and the grant when a right is missing).
+   */
   start(): Promise<void>;
   /**
    * Stop taking new leases, hand back unstarted rows, and wait up to `timeoutMs` (default `stopTimeoutMs`)
@@ -198,6 +203,24 @@ export function createWorker(input: WorkerOptions): Worker {
       },
       "worker starting",
     );
+    // Before the first fetch: events committed once this returns reach the queues configured to subscribe.
+    if (options.subscriptions.length > 0) {
+      try {
+        await applySubscriptions({
+          pool,
+          names,
+          subscriptions: options.subscriptions,
+          queryTimeoutMs: options.queryTimeoutMs,
+          log,
+        });
+      } catch (error) {
+        // Nothing else has started: close what start opened, and the worker is stopped (wait() says why).
+        state = "stopped";
+        if (ownsPool) await pool.end().catch(() => {});
+        rejectDone(error as Error);
+        throw error;
+      }
+    }
     loopWatch.start();
     engine.startDispatching();
     if (options.listen) {
