@@ -65,6 +65,27 @@ const commands: Record<string, { load: () => Promise<Command>; summary: string }
     },
     summary: "list, show, replay or purge dead letters",
   },
+  subscriptions: {
+    load: async () => {
+      const m = await import("./subscriptions-command.js");
+      return { run: m.subscriptionsCommand, usage: m.subscriptionsUsage };
+    },
+    summary: "list who receives which topics (--for TOPIC: the queues an event would reach)",
+  },
+  subscribe: {
+    load: async () => {
+      const m = await import("./subscriptions-command.js");
+      return { run: m.subscribeCommand, usage: m.subscribeUsage };
+    },
+    summary: "subscribe a queue to a topic or pattern (idempotent)",
+  },
+  unsubscribe: {
+    load: async () => {
+      const m = await import("./subscriptions-command.js");
+      return { run: m.unsubscribeCommand, usage: m.unsubscribeUsage };
+    },
+    summary: "remove a queue's subscription (queued copies stay deliverable)",
+  },
   healthcheck: {
     load: async () => {
       const m = await import("./healthcheck-command.js");
@@ -95,11 +116,13 @@ const commands: Record<string, { load: () => Promise<Command>; summary: string }
   },
 };
 
+const nameWidth = Math.max(...Object.keys(commands).map((name) => name.length));
+
 const usage = `Usage: outbox-worker <command> [options]
 
 Commands:
 ${Object.entries(commands)
-  .map(([name, c]) => `  ${name.padEnd(13)} ${c.summary}`)
+  .map(([name, c]) => `  ${name.padEnd(nameWidth)}  ${c.summary}`)
   .join("\n")}
 
 Run "outbox-worker help <command>" or "outbox-worker <command> --help" for a command's options,
