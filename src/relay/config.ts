@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { OutboxConfigError } from "../contract/errors.js";
+import { validateTopicPattern } from "../contract/topic.js";
 
 /** Where a relay's target names may say `{queue}`: replaced by the message's queue name. */
 export const QUEUE_PLACEHOLDER = "{queue}";
@@ -12,6 +13,22 @@ const ordered = z
   .default(true)
   .describe(
     "same-key messages are relayed one at a time, in publish order; false: the key is plain metadata",
+  );
+
+// Applied by the service at start, like a handler queue's `subscribe`: add-only, never unsubscribes.
+const subscribe = z
+  .array(
+    z.string().superRefine((pattern, ctx) => {
+      try {
+        validateTopicPattern(pattern);
+      } catch (error) {
+        ctx.addIssue({ code: "custom", message: (error as OutboxConfigError).reason });
+      }
+    }),
+  )
+  .optional()
+  .describe(
+    "topic names or patterns (`order.*`) the relay's queue subscribes to at start; removing one does not unsubscribe",
   );
 
 // Every relay sends CloudEvents 1.0 (see src/relay/cloudevents.ts); these name them.
@@ -73,6 +90,7 @@ export const httpRelayConfigSchema = z.strictObject({
   method: z.enum(["POST", "PUT"]).default("POST").describe("HTTP method"),
   timeoutMs: timeoutMs(10_000).describe("per request; a timeout is retried"),
   ordered,
+  subscribe,
   eventSource,
   eventType,
   /** Static headers sent with every request; they cannot override the relay's own headers. */
@@ -109,6 +127,7 @@ export const redisRelayConfigSchema = z.strictObject({
     .describe("approximate cap on the stream's length (`MAXLEN ~`); older entries are trimmed"),
   timeoutMs: timeoutMs(5000).describe("connect and per-command timeout; a timeout is retried"),
   ordered,
+  subscribe,
   eventSource,
   eventType,
 });
@@ -133,6 +152,7 @@ export const natsRelayConfigSchema = z.strictObject({
     ),
   timeoutMs: timeoutMs(5000).describe("connect and per-publish timeout (waiting for the stream's ack)"),
   ordered,
+  subscribe,
   eventSource,
   eventType,
 });
@@ -162,6 +182,7 @@ export const rabbitmqRelayConfigSchema = z.strictObject({
     ),
   timeoutMs: timeoutMs(10_000).describe("connect and per-publish timeout (waiting for the broker's confirm)"),
   ordered,
+  subscribe,
   eventSource,
   eventType,
 });

@@ -2,6 +2,7 @@ import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { z } from "zod";
 import { validateQueueName } from "../contract/queue.js";
+import { validateTopicPattern } from "../contract/topic.js";
 import { relayConfigSchema } from "../relay/config.js";
 import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
 import { parseJsonQuietly } from "../util/json-error.js";
@@ -135,6 +136,14 @@ export const serviceConfigSchema = z.strictObject({
   relays: z
     .record(z.string().superRefine(nameCheck((queue) => validateQueueName(queue))), relayConfigSchema)
     .default({}),
+  // queue → topic names or patterns; each queue must be one this service serves (checked in startService,
+  // once the handlers module is loaded).
+  subscriptions: z
+    .record(
+      z.string().superRefine(nameCheck((queue) => validateQueueName(queue))),
+      z.array(z.string().superRefine(nameCheck((pattern) => validateTopicPattern(pattern)))),
+    )
+    .default({}),
   migrate: z.boolean().default(false),
   startupWaitMs: z.number().int().min(0).max(3_600_000).default(30_000),
   dataDir: z.string().min(1).default(".outbox-data"),
@@ -252,6 +261,13 @@ export const configFields: ConfigField[] = [
     env: "OUTBOX_RELAYS",
     type: "json",
     description: "queue → built-in relay (http, redis, nats, rabbitmq); JSON in the environment",
+  },
+  {
+    path: "subscriptions",
+    env: "OUTBOX_SUBSCRIPTIONS",
+    type: "json",
+    description:
+      'queue → topics or patterns it subscribes to at start, e.g. `{"billing": ["order.*"]}`; served queues only; add-only',
   },
   { path: "migrate", env: "OUTBOX_MIGRATE", type: "boolean", description: "apply migrations at start" },
   {
@@ -388,7 +404,8 @@ function merge(base: Record<string, unknown>, over: Record<string, unknown>): Re
       !Array.isArray(value) &&
       prev &&
       typeof prev === "object" &&
-      key !== "relays"
+      key !== "relays" &&
+      key !== "subscriptions"
         ? merge(prev as Record<string, unknown>, value as Record<string, unknown>)
         : value;
   }
@@ -415,9 +432,18 @@ async function readConfigFile(file: string): Promise<Record<string, unknown>> {
   return loaded as Record<string, unknown>;
 }
 
+/** A field as it is written in a config: `relays.hook.subscribe[0]`. */
+function fieldName(issuePath: readonly PropertyKey[]): string {
+  return issuePath
+    .map((p, i) => (typeof p === "number" ? `[${p}]` : `${i === 0 ? "" : "."}${String(p)}`))
+    .join("");
+}
+
 function fieldLabel(issuePath: PropertyKey[]): string {
-  const dotted = issuePath.map(String).join(".");
-  const field = configFields.find((f) => dotted === f.path || dotted.startsWith(`${f.path}.`));
+  const dotted = fieldName(issuePath);
+  const field = configFields.find(
+    (f) => dotted === f.path || dotted.startsWith(`${f.path}.`) || dotted.startsWith(`${f.path}[`),
+  );
   return field ? `${dotted} (${field.env})` : dotted || "(config)";
 }
 

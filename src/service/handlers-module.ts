@@ -1,6 +1,7 @@
 import path from "node:path";
 import type { Handler, QueueConfig } from "../contract/handler.js";
 import { validateQueueName } from "../contract/queue.js";
+import { validateTopicPattern } from "../contract/topic.js";
 import { ConfigError } from "./config.js";
 import { importUserModule } from "./user-module.js";
 
@@ -8,7 +9,8 @@ export type QueueHandlers = Record<string, Handler | QueueConfig>;
 
 /**
  * Load the operator's handlers: a module whose default export (or `queues` export) maps queue names to a
- * handler function or `{ handler, schema?, retry?, maxAttempts?, timeoutMs?, rawPayload? }` (what `handle(queue, fn)` returns, or more).
+ * handler function or `{ handler, schema?, retry?, maxAttempts?, timeoutMs?, rawPayload?, ordered?, subscribe? }`
+ * (what `handle(queue, fn)` returns, or more).
  */
 export async function loadHandlersModule(file: string): Promise<QueueHandlers> {
   const full = path.resolve(file);
@@ -39,11 +41,30 @@ export async function loadHandlersModule(file: string): Promise<QueueHandlers> {
     const ok =
       typeof entry === "function" ||
       (entry && typeof entry === "object" && typeof (entry as { handler?: unknown }).handler === "function");
-    if (!ok)
+    if (!ok) {
       problems.push(
         `handlers (OUTBOX_HANDLERS): queue "${queue}" in ${file} is not a handler function or { handler }`,
       );
+      continue;
+    }
+    if (typeof entry === "object") problems.push(...subscribeProblems(queue, entry.subscribe, file));
   }
   if (problems.length) throw new ConfigError(problems);
   return exported as QueueHandlers;
+}
+
+/** A queue's `subscribe` in the module, checked before anything connects, as the worker would check it. */
+function subscribeProblems(queue: string, subscribe: unknown, file: string): string[] {
+  if (subscribe === undefined) return [];
+  const where = `handlers (OUTBOX_HANDLERS): queue "${queue}" in ${file}`;
+  if (!Array.isArray(subscribe)) return [`${where}: subscribe must be an array of topic names or patterns`];
+  const problems: string[] = [];
+  subscribe.forEach((pattern, i) => {
+    try {
+      validateTopicPattern(pattern, `subscribe[${i}]`);
+    } catch (error) {
+      problems.push(`${where}: ${(error as Error).message}`);
+    }
+  });
+  return problems;
 }

@@ -2,6 +2,8 @@ import pg from "pg";
 import type { Logger } from "pino";
 import { type ConsoleHandler, createConsole } from "../console/console.js";
 import { createHistory } from "../console/history.js";
+import { OutboxError } from "../contract/errors.js";
+import type { Handler, QueueConfig } from "../contract/handler.js";
 import { type EmbeddedPostgresHandle, startEmbeddedPostgres } from "../embedded/embedded-postgres.js";
 import { migrate } from "../migrate/migrator.js";
 import { defaultEventSource } from "../relay/cloudevents.js";
@@ -17,7 +19,7 @@ import { startHttpServer } from "./http-server.js";
 import { createMetrics } from "./metrics.js";
 import { createReadiness } from "./readiness.js";
 import { registerConfigSecrets } from "./secrets.js";
-import { checkSchema, waitForDatabase, warnIfNotVacuumed } from "./startup.js";
+import { checkSchema, StartupError, waitForDatabase, warnIfNotVacuumed } from "./startup.js";
 
 export interface RunningService {
   worker: Worker;
@@ -46,6 +48,16 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
     throw new ConfigError([
       "handlers (OUTBOX_HANDLERS) / relays (OUTBOX_RELAYS): nothing to serve: name a handlers module or configure a relay",
     ]);
+  }
+  // A service declares the subscriptions of its own queues only: another service's are its own business.
+  const unserved = Object.keys(config.subscriptions).filter((q) => !(q in handlers || q in config.relays));
+  if (unserved.length) {
+    throw new ConfigError(
+      unserved.map(
+        (q) =>
+          `subscriptions.${q} (OUTBOX_SUBSCRIPTIONS): queue "${q}" is not served here (no handler in the handlers module, no relay); subscribe another service's queue with outbox-worker subscribe`,
+      ),
+    );
   }
 
   const closers: (() => Promise<unknown>)[] = [];
@@ -99,7 +111,10 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
 
     const relays: Record<string, Relay> = {};
     closers.push(() => Promise.all(Object.values(relays).map((r) => r.close())));
-    const queues = { ...handlers };
+    const queues: QueueHandlers = {};
+    for (const [queue, entry] of Object.entries(handlers)) {
+      queues[queue] = withSubscriptions(entry, config.subscriptions[queue]);
+    }
     for (const [queue, relayConfig] of Object.entries(config.relays)) {
       const relay = await createRelay(relayConfig, {
         logger: log.child({ relay: relayConfig.type, queue }),
@@ -108,7 +123,15 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
       });
       relays[queue] = relay;
       // Relays forward the stored JSON text as it is: no parse, no lost digits.
-      queues[queue] = { handler: relay.handler, rawPayload: true, ordered: relayConfig.ordered };
+      queues[queue] = withSubscriptions(
+        {
+          handler: relay.handler,
+          rawPayload: true,
+          ordered: relayConfig.ordered,
+          subscribe: relayConfig.subscribe,
+        },
+        config.subscriptions[queue],
+      );
     }
 
     const worker = createWorker({
@@ -210,7 +233,14 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
       );
     }
 
-    await worker.start();
+    try {
+      // Applies every queue's subscriptions before the first fetch.
+      await worker.start();
+    } catch (error) {
+      // A subscription the worker's role may not make: one line saying which grant, as a missing privilege.
+      if (error instanceof OutboxError) throw new StartupError(error.message);
+      throw error;
+    }
     retention?.start();
     let stopping: Promise<StopResult> | undefined;
     return {
@@ -226,4 +256,14 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
     await closeAll();
     throw error;
   }
+}
+
+/** A queue's entry with the config's `subscriptions` for it added to its own `subscribe` (the worker dedupes). */
+function withSubscriptions(
+  entry: Handler | QueueConfig,
+  extra: readonly string[] | undefined,
+): Handler | QueueConfig {
+  if (!extra?.length) return entry;
+  if (typeof entry === "function") return { handler: entry, subscribe: extra };
+  return { ...entry, subscribe: [...(entry.subscribe ?? []), ...extra] };
 }

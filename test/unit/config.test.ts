@@ -129,6 +129,54 @@ describe("service config", () => {
     expect(found.join("\n")).toMatch(/relays\.q\.type \(OUTBOX_RELAYS\)|relays\.q \(OUTBOX_RELAYS\)/);
   });
 
+  it("reads subscriptions (file or OUTBOX_SUBSCRIPTIONS, the environment's replacing the file's) and a relay's subscribe", async () => {
+    const dir = await testTempDir("outbox-config-");
+    const file = path.join(dir, "c.json");
+    await writeFile(
+      file,
+      JSON.stringify({
+        subscriptions: { billing: ["order.*"], email: ["order.placed"] },
+        relays: { hook: { type: "http", url: "http://127.0.0.1:9/h", subscribe: ["order.#"] } },
+      }),
+    );
+    const fromFile = await loadServiceConfig({ file, env: {} });
+    expect(fromFile.subscriptions).toEqual({ billing: ["order.*"], email: ["order.placed"] });
+    expect(fromFile.relays.hook?.subscribe).toEqual(["order.#"]);
+    const fromEnv = await loadServiceConfig({
+      file,
+      env: { OUTBOX_SUBSCRIPTIONS: JSON.stringify({ billing: ["#"] }) },
+    });
+    expect(fromEnv.subscriptions).toEqual({ billing: ["#"] });
+    expect((await loadServiceConfig({ env: {} })).subscriptions).toEqual({});
+  });
+
+  it("names a bad subscription pattern or queue by its place, and a relay's too", async () => {
+    const found = await problems({
+      env: {
+        OUTBOX_SUBSCRIPTIONS: JSON.stringify({ billing: ["order.*", "order.**"], "bad queue": ["x"] }),
+        OUTBOX_RELAYS: JSON.stringify({
+          hook: { type: "http", url: "http://127.0.0.1:9/h", subscribe: ["ok", "a..b"] },
+        }),
+      },
+    });
+    expect(found).toEqual(
+      expect.arrayContaining([
+        expect.stringMatching(
+          /^subscriptions\.billing\[1\] \(OUTBOX_SUBSCRIPTIONS\): "order\.\*\*" is not a topic pattern/,
+        ),
+        expect.stringMatching(
+          /^subscriptions\.bad queue \(OUTBOX_SUBSCRIPTIONS\): "bad queue" may only hold/,
+        ),
+        expect.stringMatching(
+          /^relays\.hook\.subscribe\[1\] \(OUTBOX_RELAYS\): "a\.\.b" is not a topic pattern/,
+        ),
+      ]),
+    );
+    expect(await problems({ env: { OUTBOX_SUBSCRIPTIONS: '{"billing": "order.*"}' } })).toEqual([
+      expect.stringMatching(/^subscriptions\.billing \(OUTBOX_SUBSCRIPTIONS\): .*array/),
+    ]);
+  });
+
   it("refuses an unknown OUTBOX_ variable, naming the likely one; OUTBOX_CONFIG and other variables pass", async () => {
     const found = await problems({
       env: { OUTBOX_CONCURENCY: "4", OUTBOX_NOT_A_THING_AT_ALL: "x", OUTBOX_CONCURRENCY: "3" },
