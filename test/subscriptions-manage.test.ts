@@ -1,4 +1,5 @@
 import { randomBytes } from "node:crypto";
+import { writeFile } from "node:fs/promises";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import path from "node:path";
@@ -13,6 +14,7 @@ import { runCli } from "./helpers/cli-in-process.js";
 import { execCli } from "./helpers/cli-process.js";
 import { testDatabase } from "./helpers/database.js";
 import { memoryLogger } from "./helpers/memory-logger.js";
+import { testTempDir } from "./helpers/temp-dir.js";
 import { publisherFor, until, workerFactory } from "./helpers/worker.js";
 
 /**
@@ -358,6 +360,28 @@ describe("the service's subscriptions", () => {
     expect((error as ConfigError).problems).toEqual([
       expect.stringMatching(
         /^subscriptions\.ghost \(OUTBOX_SUBSCRIPTIONS\): queue "ghost" is not served here/,
+      ),
+    ]);
+
+    // A handlers module's own subscribe is checked when the module loads, before anything connects.
+    const dir = await testTempDir("subm-handlers-");
+    const module = path.join(dir, "handlers.mjs");
+    await writeFile(module, 'export default { billing: { handler() {}, subscribe: ["ok", "order.**"] } };\n');
+    const loadError = await startService(
+      serviceConfigSchema.parse({
+        databaseUrl: "postgres://someone:pw@127.0.0.1:1/none",
+        schema,
+        handlers: module,
+      }),
+      memoryLogger().logger,
+    ).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    expect(loadError).toBeInstanceOf(ConfigError);
+    expect((loadError as ConfigError).problems).toEqual([
+      expect.stringMatching(
+        /^handlers \(OUTBOX_HANDLERS\): queue "billing" in .*: subscribe\[1\]: "order\.\*\*" is not a topic pattern/,
       ),
     ]);
 
