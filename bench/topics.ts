@@ -9,7 +9,7 @@
  *   with 3 `subscribe`d queues (default options; each `publish` is one SELECT and one autocommit `send` per
  *   queue). Then WAL bytes per event: one connection publishing WAL_EVENTS events one after the other,
  *   `pg_current_wal_insert_lsn()` before and after, the smallest of WAL_BATCHES batches (the server is shared:
- *   another session's writes can only add).
+ *   another session's writes can only add; small batches, so one of them likely runs alone).
  * - drain: EVENTS events × 3 rows, one worker with default options (`createWorker` with only its queues):
  *   published to one queue (the keyless drain), to 3 queues by plain INSERT (no topic: what serving three
  *   queues costs by itself), and fanned out by `fan_out` to 3 subscribed queues (the topic rows, with their
@@ -17,10 +17,12 @@
  *
  *   npm run bench:topics -- [--runs 3] [--seconds 5] [--events 10000] [--idle-wait 60] [--only producer,drain]
  *   npm run bench:topics -- --quick          # 1 run, 2 s per producer row, 3,000 events: about a minute
+ *   npm run bench:topics -- --prototype fan-out-cached-plans   # adds the topic rows with that change applied
  *
  * Each job first waits up to --idle-wait seconds for an idle machine; the busy figure is printed per job.
  * Peers come from bench/package.json (`npm ci --prefix bench`).
  */
+import { readFileSync } from "node:fs";
 import os from "node:os";
 import pg from "pg";
 import { migrate } from "../src/migrate/migrator.js";
@@ -49,8 +51,8 @@ import { pgbossPubSub } from "./peers/pgboss-pubsub.js";
 
 const TOPIC = "bench.placed";
 const CLIENTS = 8;
-const WAL_EVENTS = 500;
-const WAL_BATCHES = 3;
+const WAL_EVENTS = 100;
+const WAL_BATCHES = 8;
 const FILL_CHUNK = 5000;
 /** The subscribed queues of a topic with n subscribers: bench.sub0 … bench.sub<n-1>. */
 const subscriberQueues = (n: number) => Array.from({ length: n }, (_, i) => `bench.sub${i}`);
@@ -58,7 +60,15 @@ const subscriberQueues = (n: number) => Array.from({ length: n }, (_, i) => `ben
 type ProducerMode = "queue" | "topic" | "bossSend" | "bossPublish";
 type DrainMode = "queue" | "queues" | "topic";
 type Spec =
-  | { kind: "producer"; mode: ProducerMode; subscribers: number; clients: number; seconds: number }
+  | {
+      kind: "producer";
+      mode: ProducerMode;
+      subscribers: number;
+      clients: number;
+      seconds: number;
+      /** bench/prototypes/<name>.sql applied to the schema after migrate (a proposed change, not the product). */
+      prototype?: string;
+    }
   | { kind: "drain"; mode: DrainMode; events: number; subscribers: number };
 
 interface ProducerResult {
@@ -77,6 +87,14 @@ interface DrainResult {
 }
 
 // ------------------------------------------------------------------------------------------------ jobs
+
+/** A prototype's SQL (bench/prototypes/<name>.sql) for one schema. */
+function prototypeSql(name: string, quotedSchema: string): string {
+  if (!/^[a-z0-9-]+$/.test(name))
+    throw new Error(`--prototype: a file name under bench/prototypes, got ${name}`);
+  const file = new URL(`./prototypes/${name}.sql`, import.meta.url);
+  return readFileSync(file, "utf8").replaceAll("{{schema}}", quotedSchema);
+}
 
 /** WAL bytes between two calls of the returned function, as Postgres counts them (the whole cluster). */
 async function walMeter(pool: pg.Pool): Promise<() => Promise<number>> {
@@ -127,6 +145,7 @@ async function outboxProducer(spec: Extract<Spec, { kind: "producer" }>): Promis
   const admin = adminPool();
   await dropSchema(admin, schema);
   await migrate({ connection: DATABASE_URL, schema });
+  if (spec.prototype) await admin.query(prototypeSql(spec.prototype, names.quotedSchema));
   const queues = subscriberQueues(spec.subscribers);
   for (const queue of queues) await subscribe(admin, { topic: TOPIC, queue, schema });
   await admin.query("CHECKPOINT");
@@ -299,6 +318,7 @@ async function main(): Promise<void> {
   const events = Number(arg("events", quick ? "3000" : "10000"));
   const idleWait = Number(arg("idle-wait", quick ? "0" : "60"));
   const only = arg("only", "producer,drain").split(",");
+  const prototype = arg("prototype", "");
 
   const producerRows: { key: string; label: string; spec: Extract<Spec, { kind: "producer" }> }[] = [
     ["queue", "this project: `publish` to one queue", "queue", 1],
@@ -307,6 +327,15 @@ async function main(): Promise<void> {
     ["topic10", "this project: `publishToTopic`, 10 subscribed queues", "topic", 10],
     ["bossSend", "pg-boss `send` to one queue", "bossSend", 1],
     ["bossPublish", "pg-boss `publish(event)`, 3 `subscribe`d queues", "bossPublish", 3],
+    // The same topic rows with a proposed change to fan_out applied, side by side.
+    ...(prototype
+      ? [1, 3, 10].map((n) => [
+          `topic${n}:${prototype}`,
+          `\`publishToTopic\`, ${n} subscribed queue${n > 1 ? "s" : ""}, prototype \`${prototype}\``,
+          "topic",
+          n,
+        ])
+      : []),
   ].map(([key, label, mode, subscribers]) => ({
     key: key as string,
     label: label as string,
@@ -316,6 +345,7 @@ async function main(): Promise<void> {
       subscribers: subscribers as number,
       clients: CLIENTS,
       seconds,
+      ...(String(key).includes(":") ? { prototype } : {}),
     },
   }));
   const drainRows: { key: string; label: string; spec: Extract<Spec, { kind: "drain" }> }[] = [
@@ -363,7 +393,7 @@ async function main(): Promise<void> {
   const out: string[] = [];
   const say = (line = "") => out.push(line);
   say(
-    `Command: \`npm run bench:topics --${quick ? " --quick" : ""} --runs ${runs} --seconds ${seconds} --events ${events}\`, ` +
+    `Command: \`npm run bench:topics --${quick ? " --quick" : ""} --runs ${runs} --seconds ${seconds} --events ${events}${prototype ? ` --prototype ${prototype}` : ""}\`, ` +
       `${new Date().toISOString().slice(0, 10)}. ${host}. Load average ${load0.map((x) => x.toFixed(1)).join(" ")} ` +
       `before, ${load1.map((x) => x.toFixed(1)).join(" ")} after; machine busy before each job ` +
       `${range(busyBefore, 2)} CPU-s/s (median ${median(busyBefore).toFixed(2)}). Median (range) of ${runs} runs, interleaved.`,
@@ -388,6 +418,11 @@ async function main(): Promise<void> {
     const t3 = ratio(tx("topic3"), tx("queue"));
     targets.push(
       `- publish to a topic with 3 subscribers ≥ 0.6× publish to one queue: ${t3.text}, ${t3.value >= 0.6 ? "holds" : "**missed**"}`,
+      ...(prototype
+        ? [
+            `- the same with prototype \`${prototype}\`: ${ratio(tx(`topic3:${prototype}`), tx("queue")).text}`,
+          ]
+        : []),
       `- this project's \`publishToTopic\` (3 subscribers) ÷ pg-boss \`publish\` (3 subscribers): ${ratio(tx("topic3"), tx("bossPublish")).text}`,
       `- pg-boss \`publish\` (3 subscribers) ÷ its own \`send\` to one queue: ${ratio(tx("bossPublish"), tx("bossSend")).text}`,
     );

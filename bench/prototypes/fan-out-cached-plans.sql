@@ -1,0 +1,89 @@
+-- A change to migration 0012 proposed after bench/topics.ts, not in the product: the same fan_out, with
+-- its statements planned once per connection instead of on every call.
+--
+-- What the profile showed (pg_stat_statements, track = all, one producer publishing to 3 subscribed queues):
+-- * topic_queues is LANGUAGE sql: Postgres 15 plans a SQL function's query on every call (caching came in
+--   18), about 60 µs of planning for a 25 µs look-up.
+-- * fan_out's INSERT and its key-lock statement were planned on every call too: with the queue array a
+--   parameter, a custom plan knows unnest(queues) has 1 or 3 elements where the generic plan assumes 10,
+--   so the plan cache judges the generic plan dearer and keeps re-planning (about 60–80 µs each). With 10
+--   queues the estimates agree and the generic plan is kept: why 10 subscribers cost no more than 3.
+-- * the key-lock statement runs even when no event has a key.
+--
+-- So: topic_queues in plpgsql (its plan cached; same rule, same result), fan_out with
+-- `SET plan_cache_mode = force_generic_plan` (its statements' plans are kept whatever the array sizes),
+-- and the key-lock statement only when some item has a key. Applied by `bench/topics.ts --prototype
+-- fan-out-cached-plans` to the producer schema after `migrate`; behaviour unchanged (test/topics.test.ts).
+CREATE OR REPLACE FUNCTION {{schema}}.topic_queues(topic text) RETURNS text[]
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RETURN (
+    SELECT coalesce(array_agg(DISTINCT s.queue ORDER BY s.queue), '{}')
+    FROM {{schema}}.subscriptions AS s
+    WHERE s.pattern = topic OR (s.wildcard AND '.' || topic ~ s.matcher)
+  );
+END
+$$;
+
+CREATE OR REPLACE FUNCTION {{schema}}.fan_out(topic text, items jsonb, keep_unrouted boolean DEFAULT true)
+RETURNS TABLE (ord integer, id bigint, queue text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
+DECLARE
+  queues text[];
+  n integer;
+BEGIN
+  IF topic IS NULL OR octet_length(topic) > 200 OR topic !~ '^[A-Za-z0-9_:/-]+(\.[A-Za-z0-9_:/-]+)*$' THEN
+    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format(
+      'outbox: %s is not a topic name: dot-separated segments of letters, digits and _ : / -, at most 200 bytes',
+      coalesce(left(quote_literal(topic), 60), 'null'));
+  END IF;
+  IF items IS NULL OR jsonb_typeof(items) <> 'array' THEN
+    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'outbox: fan_out items must be a JSON array';
+  END IF;
+  queues := {{schema}}.topic_queues(topic);
+  n := cardinality(queues);
+  IF n = 0 THEN
+    IF keep_unrouted THEN
+      INSERT INTO {{schema}}.dead_letters
+        (id, queue, payload, headers, key, created_at, available_at, deliveries_count, attempts_count,
+         failures_count, reason, error)
+      SELECT nextval(pg_get_serial_sequence('{{schema}}.messages', 'id')), topic, e.item -> 'payload',
+             coalesce(e.item -> 'headers', '{}') || jsonb_build_object('outbox-topic', topic),
+             e.item ->> 'key', now(),
+             coalesce((e.item ->> 'available_at')::timestamptz,
+                      now() + coalesce((e.item ->> 'delay_ms')::double precision, 0) * interval '1 millisecond'),
+             0, 0, 0, 'no_subscribers', format('no queue subscribes to topic %s', topic)
+      FROM jsonb_array_elements(items) WITH ORDINALITY AS e(item, o)
+      ORDER BY e.o;
+    END IF;
+    RETURN;
+  END IF;
+  -- Every (queue, key) lock before any id, in (queue, key) order, when any event has a key.
+  IF jsonb_path_exists(items, '$[*].key ? (@ != null)') THEN
+    PERFORM count(*) FROM (
+      SELECT pg_advisory_xact_lock(hashtext(k.queue), hashtext(k.key)) FROM (
+        SELECT DISTINCT q.queue, i.item ->> 'key' AS key
+        FROM unnest(queues) AS q(queue) CROSS JOIN jsonb_array_elements(items) AS i(item)
+        WHERE i.item ->> 'key' IS NOT NULL ORDER BY 1, 2
+      ) AS k
+    ) AS taken;
+  END IF;
+  RETURN QUERY
+  WITH ins AS (
+    INSERT INTO {{schema}}.messages AS m (queue, payload, headers, key, available_at)
+    SELECT q.queue, e.item -> 'payload',
+           coalesce(e.item -> 'headers', '{}') || jsonb_build_object('outbox-topic', topic),
+           e.item ->> 'key',
+           coalesce((e.item ->> 'available_at')::timestamptz,
+                    now() + coalesce((e.item ->> 'delay_ms')::double precision, 0) * interval '1 millisecond')
+    FROM jsonb_array_elements(items) WITH ORDINALITY AS e(item, o)
+    CROSS JOIN unnest(queues) WITH ORDINALITY AS q(queue, qo)
+    ORDER BY e.o, q.qo
+    RETURNING m.id, m.queue
+  )
+  SELECT ((row_number() OVER (ORDER BY ins.id) - 1) / n + 1)::integer, ins.id, ins.queue
+  FROM ins ORDER BY ins.id;
+END
+$$;
