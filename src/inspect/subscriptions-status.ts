@@ -42,6 +42,7 @@ export interface TopicStatus {
   unrouted: UnroutedEvents;
 }
 
+/** Options of {@link topicStatus}. */
 export interface TopicStatusOptions {
   /** The most topics of kept events to list, 1 to 1000 (default 50); the totals count them all. */
   limit?: number;
