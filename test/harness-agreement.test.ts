@@ -4,8 +4,10 @@ import { followUp } from "../src/contract/follow-up.js";
 import type { Handler, MessageContext, QueueConfig } from "../src/contract/handler.js";
 import { PermanentError, TransientError } from "../src/contract/handler-errors.js";
 import { defineQueue } from "../src/produce/queue.js";
+import { defineTopic } from "../src/produce/topic.js";
 import { constant, exponential, linear } from "../src/retry/strategies.js";
-import { createManualClock, type TestOutcome, testHandler } from "../src/testing/index.js";
+import { subscribe } from "../src/subscribe/subscriptions.js";
+import { createManualClock, type TestOutcome, testHandler, testTopic } from "../src/testing/index.js";
 import type { WorkerOptions } from "../src/worker/options.js";
 import { createWorker, type Worker } from "../src/worker/worker.js";
 import { testDatabase } from "./helpers/database.js";
@@ -235,6 +237,7 @@ type Written =
 
 interface Seen {
   queue: string;
+  topic: string | null;
   attempts: number;
   deliveries: number;
   key: string | null;
@@ -244,6 +247,7 @@ interface Seen {
 
 const seen = (m: MessageContext): Seen => ({
   queue: m.queue,
+  topic: m.topic,
   attempts: m.attempts,
   deliveries: m.deliveries,
   key: m.key,
@@ -274,6 +278,65 @@ function fromHarness(outcome: TestOutcome): Written {
     default:
       return { kind: "lost" };
   }
+}
+
+/** What the database holds for a row after its delivery: still there (retried), dead, or gone (acked). */
+async function writtenFor(
+  id: string,
+  followUpQueue: string,
+  events: Map<string, { transient: boolean; timedOut: boolean }>,
+): Promise<Written> {
+  const live = await db.pool.query(
+    `SELECT attempts_count, failures_count, last_error,
+            round(extract(epoch FROM available_at - last_attempt_at) * 1000)::float8 AS delay_ms
+     FROM ${db.names.messages} WHERE id = $1`,
+    [id],
+  );
+  const dead = await db.pool.query(
+    `SELECT reason, error, attempts_count, failures_count FROM ${db.names.deadLetters} WHERE id = $1`,
+    [id],
+  );
+  if (live.rows[0]) {
+    const r = live.rows[0];
+    return {
+      kind: "retried",
+      delayMs: r.delay_ms,
+      attempts: r.attempts_count,
+      failures: r.failures_count,
+      error: r.last_error,
+      ...events.get(id),
+    };
+  }
+  if (dead.rows[0]) {
+    const r = dead.rows[0];
+    return {
+      kind: "dead",
+      reason: r.reason,
+      error: r.error,
+      attempts: r.attempts_count,
+      failures: r.failures_count,
+    };
+  }
+  const follow = await db.pool.query(
+    `SELECT queue, payload, key, headers FROM ${db.names.messages} WHERE queue = $1 ORDER BY id`,
+    [followUpQueue],
+  );
+  return { kind: "acked", followUps: follow.rows };
+}
+
+/** Done when each row is gone (acked or dead) or carries one more attempt (retried, due much later). */
+async function settled(ids: string[]): Promise<void> {
+  await vi.waitFor(
+    async () => {
+      const { rows } = await db.pool.query(
+        `SELECT count(*)::int AS pending FROM ${db.names.messages}
+         WHERE id = ANY($1::bigint[]) AND (acquired_token IS NOT NULL OR available_at <= now())`,
+        [ids],
+      );
+      expect(rows[0].pending).toBe(0);
+    },
+    { timeout: 30_000, interval: 50 },
+  );
 }
 
 const queueName = (i: number) => `agree-${i}`;
@@ -343,59 +406,12 @@ describe("the harness agrees with the worker on the same cases", () => {
     w.on("retried", (e) => events.set(e.id, { transient: e.transient, timedOut: e.timedOut }));
     stopLater.push(w);
     await w.start();
-    // Done when each row is gone (acked or dead) or carries one more attempt (retried, due much later).
-    await vi.waitFor(
-      async () => {
-        const { rows } = await db.pool.query(
-          `SELECT count(*)::int AS pending FROM ${db.names.messages}
-           WHERE id = ANY($1::bigint[]) AND (acquired_token IS NOT NULL OR available_at <= now())`,
-          [ids],
-        );
-        expect(rows[0].pending).toBe(0);
-      },
-      { timeout: 30_000, interval: 50 },
-    );
+    await settled(ids);
     await w.stop();
 
     for (const [i, c] of CASES.entries()) {
       const id = ids[i] as string;
-      const live = await db.pool.query(
-        `SELECT attempts_count, failures_count, last_error,
-                round(extract(epoch FROM available_at - last_attempt_at) * 1000)::float8 AS delay_ms
-         FROM ${db.names.messages} WHERE id = $1`,
-        [id],
-      );
-      const dead = await db.pool.query(
-        `SELECT reason, error, attempts_count, failures_count FROM ${db.names.deadLetters} WHERE id = $1`,
-        [id],
-      );
-      let written: Written;
-      if (live.rows[0]) {
-        const r = live.rows[0];
-        written = {
-          kind: "retried",
-          delayMs: r.delay_ms,
-          attempts: r.attempts_count,
-          failures: r.failures_count,
-          error: r.last_error,
-          ...events.get(id),
-        };
-      } else if (dead.rows[0]) {
-        const r = dead.rows[0];
-        written = {
-          kind: "dead",
-          reason: r.reason,
-          error: r.error,
-          attempts: r.attempts_count,
-          failures: r.failures_count,
-        };
-      } else {
-        const follow = await db.pool.query(
-          `SELECT queue, payload, key, headers FROM ${db.names.messages} WHERE queue = $1 ORDER BY id`,
-          [`fu-${queueName(i)}`],
-        );
-        written = { kind: "acked", followUps: follow.rows };
-      }
+      const written = await writtenFor(id, `fu-${queueName(i)}`, events);
       worker.set(i, { written, seen: seenBy.get(id) });
       if (c.strategyProblem) {
         expect(
@@ -477,5 +493,119 @@ describe("the harness agrees with the worker on the same cases", () => {
     expect(new Set(written.flatMap((w) => (w.kind === "dead" ? [w.reason] : [])))).toEqual(
       new Set(["rejected", "retries_exhausted", "invalid_payload", "max_deliveries", "timeout"]),
     );
+  });
+});
+
+/**
+ * One topic event, several subscribers, each ending its own way: the copies the database fans out and the
+ * workers decide, against testTopic's outcomes for the same handlers and the same event.
+ */
+describe("the topic harness agrees with the fan-out and the worker", () => {
+  const topic = defineTopic(
+    "hag.order.placed",
+    z.object({ orderId: z.string(), total: z.number(), currency: z.string().default("EUR") }),
+  );
+  const strict = defineQueue(
+    "sub-strict",
+    z.object({ orderId: z.string().startsWith("o-"), total: z.number() }),
+  );
+  const subscribers: Record<string, QueueConfig> = {
+    "sub-billing": {
+      subscribe: ["hag.order.placed"],
+      handler: fail(new PermanentError("card declined")),
+    },
+    "sub-email": {
+      subscribe: ["hag.order.*"],
+      handler: (p, m) => {
+        m.publish(`fu-${m.queue}`, { receipt: (p as { orderId: string }).orderId }, { key: "r" });
+      },
+    },
+    "sub-search": { subscribe: ["hag.#"], handler: fail(new TransientError("index busy")) },
+    "sub-strict": { subscribe: ["hag.order.placed"], schema: strict.schema as z.ZodType, handler: () => {} },
+    // Subscribed to other topics only: no copy on either side.
+    "sub-payments": { subscribe: ["hag.payment.*"], handler: fail(new Error("must not run")) },
+  };
+  const payload = { orderId: "x-9", total: 12 };
+  const event = { key: "customer-7", headers: { tenant: "acme" } };
+  const worker = new Map<string, { written: Written; seen: Seen | undefined }>();
+
+  it("through the database and a real worker", { timeout: 180_000 }, async () => {
+    await db.migrate();
+    for (const [queue, config] of Object.entries(subscribers))
+      for (const pattern of config.subscribe ?? [])
+        await subscribe(db.pool, { schema: db.schema, topic: pattern, queue });
+    const published = await db.inTransaction((client) =>
+      outbox.publishToTopic(client, topic, payload, event),
+    );
+    const copies = new Map(published.messages.map((m) => [m.queue, String(m.id)]));
+    const seenBy = new Map<string, Seen>();
+    const events = new Map<string, { transient: boolean; timedOut: boolean }>();
+    const w = createWorker({
+      connection: db.url,
+      schema: db.schema,
+      minPollIntervalMs: 20,
+      maxPollIntervalMs: 200,
+      ...WORKER,
+      queues: Object.fromEntries(
+        Object.entries(subscribers).map(([queue, config]) => [
+          queue,
+          {
+            ...config,
+            handler: (p: unknown, m: MessageContext) => {
+              seenBy.set(m.queue, seen(m));
+              return config.handler(p, m);
+            },
+          },
+        ]),
+      ),
+      logger: false,
+    });
+    w.on("retried", (e) => events.set(e.id, { transient: e.transient, timedOut: e.timedOut }));
+    stopLater.push(w);
+    await w.start();
+    await settled([...copies.values()]);
+    await w.stop();
+    for (const [queue, id] of copies)
+      worker.set(queue, { written: await writtenFor(id, `fu-${queue}`, events), seen: seenBy.get(queue) });
+  });
+
+  it("through testTopic, and both reach the same verdict for every subscriber", async () => {
+    expect(worker.size, "the worker side ran").toBeGreaterThan(0);
+    const clock = createManualClock();
+    const seenBy = new Map<string, Seen>();
+    const run = testTopic(
+      Object.fromEntries(
+        Object.entries(subscribers).map(([queue, config]) => [
+          queue,
+          {
+            ...config,
+            handler: (p: unknown, m: MessageContext) => {
+              seenBy.set(m.queue, seen(m));
+              return config.handler(p, m);
+            },
+          },
+        ]),
+      ),
+      WORKER,
+    );
+    const pending = run(topic, payload, { ...event, clock });
+    await new Promise((resolve) => setImmediate(resolve));
+    clock.advance(300_000);
+    const outcomes = await pending;
+    // The same subscribers got a copy: every matching queue, and not sub-payments.
+    expect(Object.keys(outcomes).sort()).toEqual([...worker.keys()].sort());
+    expect(Object.keys(outcomes).sort()).toEqual(["sub-billing", "sub-email", "sub-search", "sub-strict"]);
+    for (const [queue, outcome] of Object.entries(outcomes)) {
+      const w = worker.get(queue);
+      expect(seenBy.get(queue), `${queue}: the handler saw the same message`).toEqual(w?.seen);
+      expect(fromHarness(outcome), `${queue}: the same verdict`).toEqual(w?.written);
+    }
+    // Each its own way: a table drifted to one kind proves little.
+    expect(Object.values(outcomes).map((o) => (o.kind === "dead" ? o.reason : o.kind))).toEqual([
+      "rejected",
+      "acked",
+      "retried",
+      "invalid_payload",
+    ]);
   });
 });

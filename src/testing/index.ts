@@ -1,6 +1,7 @@
 /**
  * `pg-outbox-worker/testing`: run a queue's handler without a database and get back what the worker would
- * write (acked with follow-ups, retried with its delay, dead-lettered with its reason, lost).
+ * write (acked with follow-ups, retried with its delay, dead-lettered with its reason, lost); or run one
+ * topic event through each subscriber's handler and get each subscriber's outcome.
  *
  * @packageDocumentation
  */
@@ -17,3 +18,5 @@ export type {
   TestFollowUp,
   TestOutcome,
 } from "./outcome.js";
+export type { SubscriberHandlers, TopicEventOptions, TopicOutcomes, TopicRun } from "./topic.js";
+export { testTopic } from "./topic.js";

@@ -4,11 +4,12 @@ import { followUp } from "../../src/contract/follow-up.js";
 import type { MessageContext } from "../../src/contract/handler.js";
 import { PermanentError } from "../../src/contract/handler-errors.js";
 import { defineQueue } from "../../src/produce/queue.js";
+import { defineTopic, subscriberQueue } from "../../src/produce/topic.js";
 import { constant } from "../../src/retry/strategies.js";
-import { createManualClock, testHandler } from "../../src/testing/index.js";
+import { createManualClock, testHandler, testTopic } from "../../src/testing/index.js";
 import { handle } from "../../src/worker/options.js";
 
-/** The README's "Testing handlers without a database" example, with the app code it assumes. */
+/** The README's "Testing handlers without a database" examples, with the app code they assume. */
 
 const order = z.object({ orderId: z.string(), total: z.number() });
 const orders = defineQueue("orders", order);
@@ -54,5 +55,27 @@ describe("chargeOrder (the README example)", () => {
     const pending = slow({ orderId: "o-3", total: 12 });
     clock.advance(10_000); // the handler's message.signal aborts now
     expect(await pending).toMatchObject({ kind: "retried", timedOut: true });
+  });
+});
+
+const orderPlaced = defineTopic("order.placed", order);
+const receipts = defineQueue("receipts", z.object({ orderId: z.string() }));
+
+async function sendReceipt(payload: z.output<typeof order>) {
+  return followUp(receipts, { orderId: payload.orderId });
+}
+
+describe("a topic's subscribers (the README example)", () => {
+  it("billing rejects a free order, the receipt goes out all the same", async () => {
+    const run = testTopic({
+      billing: handle(subscriberQueue(orderPlaced, "billing"), chargeOrder, { subscribe: ["order.placed"] }),
+      email: handle(subscriberQueue(orderPlaced, "email"), sendReceipt, { subscribe: ["order.*"] }),
+      payments: handle(subscriberQueue(orderPlaced, "payments"), chargeOrder, { subscribe: ["payment.*"] }),
+    });
+    expect(await run(orderPlaced, { orderId: "o-4", total: 0 }, { key: "customer-7" })).toEqual({
+      billing: expect.objectContaining({ kind: "dead", reason: "rejected" }),
+      email: expect.objectContaining({ kind: "acked" }),
+      // payments' pattern does not match order.placed: no copy, no outcome.
+    });
   });
 });
