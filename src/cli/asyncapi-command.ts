@@ -65,12 +65,9 @@ export async function asyncapiCommand(argv: string[], io: CliIo): Promise<number
   if (module === undefined)
     throw new UsageError("--queues MODULE is required (or a --config naming handlers)");
   const described = await loadDescribedModule(module);
-  // The config's own subscriptions, when this version of the config has them.
-  const configured = (config as { subscriptions?: Record<string, readonly string[]> } | undefined)
-    ?.subscriptions;
   const document = await buildAsyncApi(described.queues, {
     topics: described.topics,
-    subscriptions: mergeSubscriptions(described.subscriptions, configured),
+    subscriptions: mergeSubscriptions(described.subscriptions, config?.subscriptions),
     ...(typeof values.title === "string" ? { title: values.title } : {}),
     ...(typeof values.version === "string" ? { version: values.version } : {}),
     ...(config === undefined

@@ -105,12 +105,11 @@ function registerRelaySecrets(relays: Record<string, RelayConfig>): void {
   }
 }
 
-/** A relay entry's `subscribe` (the service config's, when it has one), as declared subscriptions. */
+/** The relays' own `subscribe` (for their queue), as declared subscriptions. */
 function relaySubscriptions(relays: Record<string, RelayConfig>): DeclaredSubscriptions {
   const declared: DeclaredSubscriptions = new Map();
   for (const [queue, relay] of Object.entries(relays)) {
-    const patterns = (relay as { subscribe?: unknown }).subscribe;
-    if (Array.isArray(patterns)) declared.set(queue, patterns.map(String));
+    if (relay.subscribe !== undefined) declared.set(queue, [...relay.subscribe]);
   }
   return declared;
 }

@@ -64,8 +64,7 @@ export function testTopic(
         queue,
         // Settings checked now, by the worker's own parser (a bad `subscribe` pattern included).
         run: testHandler(config, { ...options, queue }),
-        patterns:
-          typeof config === "function" ? undefined : (config as { subscribe?: readonly string[] }).subscribe,
+        patterns: typeof config === "function" ? undefined : config.subscribe,
       };
     });
   return async (topicRef, payload, event = {}) => {
