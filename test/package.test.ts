@@ -102,10 +102,15 @@ describe("the built package", () => {
       await new Promise((resolve) => setImmediate(resolve));
       clock.advance(50);
       const timedOut = await pending;
+      const topic = await testing.testTopic({
+        billing: () => { throw new outbox.PermanentError("no"); },
+        email: () => {},
+      })(outbox.defineTopic("order.placed"), {});
       console.log(JSON.stringify({
         exports: Object.keys(testing).sort(),
         rejected: rejected.reason,
         timedOut: timedOut.kind + ":" + timedOut.timedOut,
+        topic: [topic.billing.reason, topic.email.kind],
       }));`;
     const wrap = (body: string) =>
       `(async () => {${body}})().catch((e) => { console.error(e); process.exit(1); });`;
@@ -128,9 +133,10 @@ describe("the built package", () => {
       expect(out.stderr, file).toBe("");
       expect(out.code, file).toBe(0);
       expect(JSON.parse(out.stdout), file).toEqual({
-        exports: ["createManualClock", "systemClock", "testHandler"],
+        exports: ["createManualClock", "systemClock", "testHandler", "testTopic"],
         rejected: "rejected",
         timedOut: "retried:true",
+        topic: ["rejected", "acked"],
       });
     }
   });
