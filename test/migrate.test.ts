@@ -48,6 +48,7 @@ describe("migrate", () => {
       { version: 10, name: "0010_finite_rows" },
       { version: 11, name: "0011_finite_rows_validate" },
       { version: 12, name: "0012_topics" },
+      { version: 13, name: "0013_unrouted_index" },
     ]);
     const idx = await db.pool.query("SELECT indexname FROM pg_indexes WHERE schemaname = $1 ORDER BY 1", [
       db.schema,
