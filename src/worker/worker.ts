@@ -214,8 +214,10 @@ export function createWorker(input: WorkerOptions): Worker {
           log,
         });
       } catch (error) {
-        // Nothing else has started: close what start opened, and the worker is stopped (wait() says why).
+        // Nothing else has started: close what start opened, and the worker is stopped (wait() says why,
+        // stop() has nothing left to do).
         state = "stopped";
+        stopping = Promise.resolve({ drained: true, released: 0, abandoned: [] });
         if (ownsPool) await pool.end().catch(() => {});
         rejectDone(error as Error);
         throw error;
