@@ -10,19 +10,22 @@ import { constant } from "../src/retry/strategies.js";
 import { checkSchema, warnIfNotVacuumed } from "../src/service/startup.js";
 import { completeStatements } from "../src/sql/complete.js";
 import { expireDeadLettersStatement } from "../src/sql/dead-letters.js";
-import { runQuery } from "../src/sql/executor.js";
+import { run, runQuery } from "../src/sql/executor.js";
 import { fetchStatement } from "../src/sql/fetch.js";
 import {
   INSPECTOR_SELECT_COLUMNS,
   PRODUCER_INSERT_COLUMNS,
   PRODUCER_SELECT_COLUMNS,
   REPAIR_INSERT_COLUMNS,
+  SUBSCRIBE_COLUMNS,
 } from "../src/sql/grants.js";
 import { repairKeyHeadsStatement } from "../src/sql/key-heads.js";
+import { produceStatements } from "../src/sql/produce.js";
+import { listSubscriptions, subscribe, subscribersOf, unsubscribe } from "../src/subscribe/subscriptions.js";
 import { runCli } from "./helpers/cli-in-process.js";
 import { serviceEnv, startCli } from "./helpers/cli-process.js";
 import { testDatabase } from "./helpers/database.js";
-import { shippedMigrationsUpTo } from "./helpers/migrations.js";
+import { shippedMigrationsUpTo, versionsAfter } from "./helpers/migrations.js";
 import { nextEvent, publisherFor, until, workerFactory } from "./helpers/worker.js";
 
 /**
@@ -41,6 +44,7 @@ const role = {
   repairer: `grt_repairer_${tag}`,
   expirer: `grt_expirer_${tag}`,
   chainer: `grt_chainer_${tag}`,
+  subscriber: `grt_subscriber_${tag}`,
 };
 const ROLES = Object.values(role);
 // The embedded test server asks every login for a password (scram); a trust-auth server ignores it.
@@ -85,6 +89,7 @@ let worker: pg.Pool;
 let inspector: pg.Pool;
 let repairer: pg.Pool;
 let expirer: pg.Pool;
+let subscriber: pg.Pool;
 
 beforeAll(async () => {
   await db.migrate();
@@ -120,11 +125,18 @@ beforeAll(async () => {
     owner,
   );
   expect(fourth, fourth.stderr).toMatchObject({ code: 0 });
+  const fifth = await runCli(
+    ["grant", "--schema", schema, "--worker", role.subscriber, "--worker-can-subscribe"],
+    owner,
+  );
+  expect(fifth, fifth.stderr).toMatchObject({ code: 0 });
+  expect(fifth.stdout).toContain(`to ${role.subscriber} (with subscribing)`);
   producer = poolAs(role.producer);
   worker = poolAs(role.worker);
   inspector = poolAs(role.inspector);
   repairer = poolAs(role.repairer);
   expirer = poolAs(role.expirer);
+  subscriber = poolAs(role.subscriber);
 });
 
 afterAll(async () => {
@@ -172,7 +184,10 @@ describe("outbox-worker grant: what each role holds", () => {
       [
         "schema: USAGE",
         ...columns("messages", PRODUCER_INSERT_COLUMNS, "INSERT"),
+        "messages.topic: INSERT",
         ...columns("messages", PRODUCER_SELECT_COLUMNS, "SELECT"),
+        "fan_out: EXECUTE",
+        "topic_queues: EXECUTE",
       ].sort(),
     );
     const workerRights = [
@@ -194,11 +209,21 @@ describe("outbox-worker grant: what each role holds", () => {
     expect(await privilegesOf(role.chainer)).toEqual(
       [...workerRights, ...columns("messages", PRODUCER_INSERT_COLUMNS, "INSERT")].sort(),
     );
+    expect(await privilegesOf(role.subscriber)).toEqual(
+      [
+        ...workerRights,
+        ...columns("subscriptions", SUBSCRIBE_COLUMNS, "INSERT"),
+        ...columns("subscriptions", SUBSCRIBE_COLUMNS, "SELECT"),
+        "topic_matcher: EXECUTE",
+      ].sort(),
+    );
     const inspectorRights = [
       "schema: USAGE",
       "unprocessed: SELECT",
       "dead_letters: SELECT",
       ...columns("messages", INSPECTOR_SELECT_COLUMNS, "SELECT"),
+      "subscriptions: SELECT",
+      "topic_queues: EXECUTE",
     ];
     expect(await privilegesOf(role.inspector)).toEqual([...inspectorRights].sort());
     expect(await privilegesOf(role.repairer)).toEqual(
@@ -208,6 +233,7 @@ describe("outbox-worker grant: what each role holds", () => {
         ...columns("messages", REPAIR_INSERT_COLUMNS, "INSERT"),
         "dead_letters: DELETE",
         "dead_letters.error: UPDATE",
+        "route_unrouted: EXECUTE",
       ].sort(),
     );
   });
@@ -219,6 +245,13 @@ describe("outbox-worker grant: what each role holds", () => {
       [schema],
     );
     expect(rows).toEqual([]);
+    // The functions that run as their owner are the ones grant hands out: a new one must be given to a
+    // side here (and be shown needed), not left to whoever reaches the schema.
+    const { rows: definers } = await db.pool.query<{ proname: string }>(
+      "SELECT proname FROM pg_proc WHERE pronamespace = $1::regnamespace AND prosecdef ORDER BY 1",
+      [schema],
+    );
+    expect(definers.map((f) => f.proname)).toEqual(["fan_out", "route_unrouted", "topic_queues"]);
   });
 });
 
@@ -285,7 +318,7 @@ describe("upgrading a schema whose rights were granted", () => {
       const early = await runCli(["grant", "--schema", upgraded, "--worker", role.worker], owner);
       expect(early.code).toBe(1);
       expect(early.stderr).toContain(
-        `schema "${upgraded}" is older than this version (migrations 6, 7, 8, 9, 10, 11 pending): run \`outbox-worker migrate --schema ${upgraded}\` first`,
+        `schema "${upgraded}" is older than this version (migrations ${versionsAfter(5).join(", ")} pending): run \`outbox-worker migrate --schema ${upgraded}\` first`,
       );
       const rights = await db.pool.query<{ n: number }>(
         `SELECT count(*)::int AS n FROM information_schema.role_table_grants WHERE grantee = $1 AND table_schema = $2`,
@@ -298,7 +331,7 @@ describe("upgrading a schema whose rights were granted", () => {
          GRANT EXECUTE ON FUNCTION "${upgraded}".ack_keyed(bigint[], uuid[], integer, uuid, double precision, text, boolean) TO "${role.worker}"`,
       );
       const result = await migrate({ connection: db.pool, schema: upgraded });
-      expect(result.applied.map((m) => m.version)).toEqual([6, 7, 8, 9, 10, 11]);
+      expect(result.applied.map((m) => m.version)).toEqual(versionsAfter(5));
       await expectWorkerOnly(
         `"${upgraded}".ack_key_heads(bigint[], uuid[], text[], text[], integer, uuid, double precision, text, boolean)`,
       );
@@ -313,7 +346,7 @@ describe("upgrading a schema whose rights were granted", () => {
          GRANT EXECUTE ON FUNCTION "${upgraded}".promote_heads(text[], text[], integer, uuid, double precision, text) TO "${role.worker}"`,
       );
       const result = await migrate({ connection: db.pool, schema: upgraded });
-      expect(result.applied.map((m) => m.version)).toEqual([9, 10, 11]);
+      expect(result.applied.map((m) => m.version)).toEqual(versionsAfter(8));
       await expectWorkerOnly(
         `"${upgraded}".promote_heads_after(text[], text[], bigint[], integer, uuid, double precision, text)`,
       );
@@ -347,6 +380,85 @@ describe("producer", () => {
       { key: "k", head: false },
     ]);
     await db.pool.query(`DELETE FROM ${names.messages} WHERE queue LIKE 'p.%'`);
+  });
+
+  it("publishes to a topic with publishToTopic and with a plain-SQL INSERT, through fan_out", async () => {
+    await subscribe(db.pool, { schema, topic: "p.order.*", queue: "p.billing" });
+    await subscribe(db.pool, { schema, topic: "p.order.placed", queue: "p.email" });
+    try {
+      await publishesToTopics();
+    } finally {
+      await db.pool.query(`DELETE FROM ${names.messages} WHERE queue LIKE 'p.%'`);
+      await db.pool.query(`DELETE FROM ${names.deadLetters} WHERE queue = 'p.nobody'`);
+      await db.pool.query(`DELETE FROM ${names.subscriptions} WHERE queue LIKE 'p.%'`);
+    }
+  });
+
+  async function publishesToTopics(): Promise<void> {
+    const client = await producer.connect();
+    let event: Awaited<ReturnType<typeof outbox.publishToTopic>>;
+    try {
+      await client.query("BEGIN");
+      event = await outbox.publishToTopic(client, "p.order.placed", { n: 1 }, { key: "o1" });
+      // The trigger expands the row through fan_out and stores nothing itself.
+      const plain = await client.query(
+        `INSERT INTO ${names.messages} (topic, payload, key) VALUES ('p.order.placed', '{"n": 2}', 'o1')`,
+      );
+      expect(plain.rowCount).toBe(0);
+      await client.query("COMMIT");
+    } finally {
+      // Never back to the pool inside a failed transaction.
+      await client.query("ROLLBACK").catch(() => {});
+      client.release();
+    }
+    expect(event.messages.map((m) => m.queue)).toEqual(["p.billing", "p.email"]);
+    const { rows } = await db.pool.query(
+      `SELECT queue, payload, key, headers ->> 'outbox-topic' AS topic, head FROM ${names.messages}
+       WHERE queue IN ('p.billing', 'p.email') ORDER BY queue, id`,
+    );
+    expect(rows).toEqual([
+      { queue: "p.billing", payload: { n: 1 }, key: "o1", topic: "p.order.placed", head: true },
+      { queue: "p.billing", payload: { n: 2 }, key: "o1", topic: "p.order.placed", head: false },
+      { queue: "p.email", payload: { n: 1 }, key: "o1", topic: "p.order.placed", head: true },
+      { queue: "p.email", payload: { n: 2 }, key: "o1", topic: "p.order.placed", head: false },
+    ]);
+    // It may ask which queues a topic reaches (the same its copies' queues tell it), for its wake-ups.
+    expect(await subscribersOf(producer, "p.order.placed", { schema })).toEqual(["p.billing", "p.email"]);
+    await run(producer, produceStatements(names).notifyTopic, [names.channel, "p.order.placed"]);
+    // No subscriber: kept as a dead letter, written by fan_out; the producer still reads no dead letter.
+    expect(await outbox.publishToTopic(producer, "p.nobody", { n: 3 })).toEqual({
+      topic: "p.nobody",
+      messages: [],
+    });
+    const kept = await db.pool.query(`SELECT reason FROM ${names.deadLetters} WHERE queue = 'p.nobody'`);
+    expect(kept.rows).toEqual([{ reason: "no_subscribers" }]);
+  }
+
+  it("is refused subscribing, unsubscribing and reading or writing subscriptions", async () => {
+    await subscribe(db.pool, { schema, topic: "p.kept", queue: "p.kept" });
+    const sub = names.subscriptions;
+    const ops: [string, () => Promise<unknown>][] = [
+      ["subscribe", () => subscribe(producer, { schema, topic: "p.#", queue: "p.spy" })],
+      ["unsubscribe", () => unsubscribe(producer, { schema, topic: "p.kept", queue: "p.kept" })],
+      ["listSubscriptions", () => listSubscriptions(producer, { schema })],
+      ...[
+        `SELECT * FROM ${sub}`,
+        `SELECT pattern, queue FROM ${sub}`,
+        `INSERT INTO ${sub} (pattern, queue) VALUES ('p.#', 'p.spy')`,
+        `UPDATE ${sub} SET queue = 'p.spy'`,
+        `DELETE FROM ${sub}`,
+        `TRUNCATE ${sub}`,
+        `SELECT * FROM ${names.quotedSchema}.route_unrouted('{}')`,
+        `SELECT ${names.quotedSchema}.topic_matcher('p.*')`,
+      ].map((sql): [string, () => Promise<unknown>] => [sql, () => producer.query(sql)]),
+    ];
+    try {
+      for (const [what, op] of ops) expect(await refused(op), what).toMatch(/permission denied/);
+      const left = await db.pool.query(`SELECT pattern, queue FROM ${sub} WHERE queue LIKE 'p.%'`);
+      expect(left.rows).toEqual([{ pattern: "p.kept", queue: "p.kept" }]);
+    } finally {
+      await db.pool.query(`DELETE FROM ${sub} WHERE queue LIKE 'p.%'`);
+    }
   });
 
   it("reads ids, queues and keys, and is refused status, peek, dead letters and the start-up checks", async () => {
@@ -445,12 +557,13 @@ describe("worker", () => {
     expect(repaired).toEqual([]);
   });
 
-  it("reads status and dead letters through the CLI; refused peek (the view), replay and purge", async () => {
+  it("reads status and dead letters through the CLI; refused peek (the view), replay, its preview and purge", async () => {
     await cliOk(role.worker, ["status"]);
     await cliOk(role.worker, ["dead-letters", "list"]);
-    await cliOk(role.worker, ["dead-letters", "replay", "--all", "--dry-run"]);
     for (const args of [
       ["peek"],
+      // The preview asks topic_queues where kept topic events would go: an inspector's right, not a worker's.
+      ["dead-letters", "replay", "--all", "--dry-run"],
       ["dead-letters", "replay", "--all"],
       ["dead-letters", "purge", "--older-than", "1s"],
     ]) {
@@ -538,6 +651,66 @@ describe("worker", () => {
     }, "the parent acked and its follow-up inserted by the chainer role");
   });
 
+  it("without --worker-can-subscribe, holds no right on subscriptions or topics", async () => {
+    const sub = names.subscriptions;
+    const ops: [string, () => Promise<unknown>][] = [
+      ["subscribe", () => subscribe(worker, { schema, topic: "w.#", queue: "w.spy" })],
+      ["unsubscribe", () => unsubscribe(worker, { schema, topic: "w.#", queue: "w.spy" })],
+      ["listSubscriptions", () => listSubscriptions(worker, { schema })],
+      ["subscribersOf", () => subscribersOf(worker, "w.x", { schema })],
+      ["publishToTopic", () => outbox.publishToTopic(worker, "w.x", { n: 1 })],
+      ...[
+        `SELECT pattern, queue FROM ${sub}`,
+        `INSERT INTO ${sub} (pattern, queue) VALUES ('w.#', 'w.spy')`,
+        `DELETE FROM ${sub}`,
+        `INSERT INTO ${names.messages} (topic, payload) VALUES ('w.x', '1')`,
+        `SELECT * FROM ${names.quotedSchema}.route_unrouted('{}')`,
+      ].map((sql): [string, () => Promise<unknown>] => [sql, () => worker.query(sql)]),
+    ];
+    for (const [what, op] of ops) expect(await refused(op), what).toMatch(/permission denied/);
+    // Follow-ups go to queues: the chainer's INSERT covers no topic row.
+    expect(
+      await refused(() =>
+        poolAs(role.chainer).query(`INSERT INTO ${names.messages} (topic, payload) VALUES ('w.x', '1')`),
+      ),
+    ).toMatch(/permission denied/);
+  });
+
+  it("with --worker-can-subscribe, adds subscriptions idempotently and changes or removes none", async () => {
+    const target = { schema, topic: "w.order.*", queue: "w.subscribed" };
+    try {
+      await subscriberAddsOnly(target);
+    } finally {
+      await unsubscribe(db.pool, target);
+    }
+  });
+
+  async function subscriberAddsOnly(target: { schema: string; topic: string; queue: string }): Promise<void> {
+    expect(await subscribe(subscriber, target)).toEqual({ created: true });
+    expect(await subscribe(subscriber, target)).toEqual({ created: false });
+    const sub = names.subscriptions;
+    const ops: [string, () => Promise<unknown>][] = [
+      ["unsubscribe", () => unsubscribe(subscriber, target)],
+      // It reads (pattern, queue), which its ON CONFLICT needs; not the rest of the table.
+      ["listSubscriptions", () => listSubscriptions(subscriber, { schema })],
+      ["subscribersOf", () => subscribersOf(subscriber, "w.order.placed", { schema })],
+      ["publishToTopic", () => outbox.publishToTopic(subscriber, "w.order.placed", { n: 1 })],
+      ...[
+        `UPDATE ${sub} SET queue = 'w.spy'`,
+        `DELETE FROM ${sub}`,
+        `TRUNCATE ${sub}`,
+        `SELECT created_at FROM ${sub}`,
+        `INSERT INTO ${sub} (pattern, queue, created_at) VALUES ('w.#', 'w.spy', now())`,
+        `INSERT INTO ${names.messages} (topic, payload) VALUES ('w.order.placed', '1')`,
+      ].map((sql): [string, () => Promise<unknown>] => [sql, () => subscriber.query(sql)]),
+    ];
+    for (const [what, op] of ops) expect(await refused(op), what).toMatch(/permission denied/);
+    expect(await listSubscriptions(db.pool, { schema, queue: "w.subscribed" })).toEqual([
+      { topic: "w.order.*", queue: "w.subscribed", createdAt: expect.any(Date) },
+    ]);
+    expect(await listSubscriptions(db.pool, { schema, queue: "w.spy" })).toEqual([]);
+  }
+
   it("is refused inserts, dead-letter deletes, migrations writes and every DDL", async () => {
     const m = names.messages;
     const attempts = [
@@ -569,6 +742,9 @@ describe("inspector", () => {
          VALUES (900001, 'i.q', '{}', '{}', now(), now(), 1, 1, now() - interval '2 days', 'rejected'),
                 (900002, 'i.q', '{}', '{}', now(), now(), 1, 1, now() - interval '2 days', 'rejected')`,
       );
+      // An event no queue subscribes to yet: kept as a dead letter `no_subscribers`.
+      await outbox.publishToTopic(client, "i.unrouted", { n: 1 });
+      await subscribe(client, { schema, topic: "i.#", queue: "i.sub" });
     } finally {
       client.release();
     }
@@ -579,7 +755,14 @@ describe("inspector", () => {
     expect(await cliOk(role.inspector, ["peek", "--json"])).toContain("secret");
     expect(await cliOk(role.inspector, ["dead-letters", "list"])).toContain("900001");
     expect(await cliOk(role.inspector, ["dead-letters", "show", "900001"])).toContain("rejected");
-    expect(await cliOk(role.inspector, ["dead-letters", "replay", "--all", "--dry-run"])).toContain("i.q");
+    const preview = await cliOk(role.inspector, ["dead-letters", "replay", "--all", "--dry-run"]);
+    expect(preview).toContain("i.q");
+    // The kept event, counted against the topic's subscribers of now (topic_queues).
+    expect(preview).toContain("i.unrouted");
+    expect(await listSubscriptions(inspector, { schema, queue: "i.sub" })).toEqual([
+      { topic: "i.#", queue: "i.sub", createdAt: expect.any(Date) },
+    ]);
+    expect(await subscribersOf(inspector, "i.unrouted", { schema })).toEqual(["i.sub"]);
   });
 
   it("without repair, is refused replay, purge, payloads of messages and every write", async () => {
@@ -603,17 +786,39 @@ describe("inspector", () => {
       `SELECT * FROM ${names.quotedSchema}.ack_key_heads('{}', '{}', '{}', '{}', 0, gen_random_uuid(), 1, 'w', true)`,
       `TRUNCATE ${names.deadLetters}`,
       `CREATE TABLE ${names.quotedSchema}.mine (x int)`,
+      `INSERT INTO ${names.subscriptions} (pattern, queue) VALUES ('#', 'i.spy')`,
+      `UPDATE ${names.subscriptions} SET queue = 'i.spy'`,
+      `DELETE FROM ${names.subscriptions}`,
+      `SELECT * FROM ${names.quotedSchema}.fan_out('i.x', '[{"payload": 1}]')`,
+      `SELECT * FROM ${names.quotedSchema}.route_unrouted(ARRAY(SELECT id FROM ${names.deadLetters}))`,
+      `INSERT INTO ${names.messages} (topic, payload) VALUES ('i.x', '1')`,
     ]) {
       expect(await refused(() => inspector.query(sql)), sql).toMatch(/permission denied/);
     }
+    for (const op of [
+      () => subscribe(inspector, { schema, topic: "#", queue: "i.spy" }),
+      () => unsubscribe(inspector, { schema, topic: "i.#", queue: "i.sub" }),
+    ]) {
+      expect(await refused(op)).toMatch(/permission denied/);
+    }
     const left = await db.pool.query(`SELECT count(*)::int AS n FROM ${names.deadLetters}`);
-    expect(left.rows[0].n).toBe(2);
+    expect(left.rows[0].n).toBe(3);
+    expect(await listSubscriptions(db.pool, { schema, queue: "i.sub" })).toHaveLength(1);
+    expect(await listSubscriptions(db.pool, { schema, queue: "i.spy" })).toEqual([]);
   });
 
   it("with --inspector-can-repair, replays and purges dead letters", async () => {
     expect(await cliOk(role.repairer, ["dead-letters", "replay", "--id", "900001"])).toMatch(/1/);
     const back = await db.pool.query(`SELECT queue FROM ${names.messages} WHERE id = 900001`);
     expect(back.rows).toEqual([{ queue: "i.q" }]);
+    // The kept topic event goes to the queue subscribed since (route_unrouted, as the schema's owner).
+    expect(await cliOk(role.repairer, ["dead-letters", "replay", "--reason", "no_subscribers"])).toMatch(/1/);
+    const routed = await db.pool.query(
+      `SELECT queue, headers ->> 'outbox-topic' AS topic FROM ${names.messages} WHERE queue = 'i.sub'`,
+    );
+    expect(routed.rows).toEqual([{ queue: "i.sub", topic: "i.unrouted" }]);
+    expect(await listSubscriptions(repairer, { schema, queue: "i.sub" })).toHaveLength(1);
+    expect(await subscribersOf(repairer, "i.unrouted", { schema })).toEqual(["i.sub"]);
     expect(await cliOk(role.repairer, ["dead-letters", "purge", "--older-than", "1d"])).toMatch(/1/);
     const left = await db.pool.query(`SELECT count(*)::int AS n FROM ${names.deadLetters}`);
     expect(left.rows[0].n).toBe(0);
@@ -631,6 +836,10 @@ describe("inspector", () => {
       `SELECT * FROM ${names.quotedSchema}.ack_key_heads('{}', '{}', '{}', '{}', 0, gen_random_uuid(), 1, 'w', true)`,
       `TRUNCATE ${names.deadLetters}`,
       `CREATE TABLE ${names.quotedSchema}.mine (x int)`,
+      `INSERT INTO ${names.subscriptions} (pattern, queue) VALUES ('#', 'i.spy')`,
+      `DELETE FROM ${names.subscriptions}`,
+      `SELECT * FROM ${names.quotedSchema}.fan_out('i.x', '[{"payload": 1}]')`,
+      `INSERT INTO ${names.messages} (topic, payload) VALUES ('i.x', '1')`,
     ]) {
       expect(await refused(() => repairer.query(sql)), sql).toMatch(/permission denied/);
     }
@@ -702,6 +911,48 @@ describe("every right is needed", () => {
       await db.pool.query(`DELETE FROM ${names.messages} WHERE id = 900003`);
     }
   };
+  const inProducerTransaction = async (op: (client: pg.PoolClient) => Promise<unknown>) => {
+    const client = await producer.connect();
+    try {
+      await client.query("BEGIN");
+      await op(client);
+    } finally {
+      await client.query("ROLLBACK");
+      client.release();
+    }
+  };
+  const topicEvent = () => inProducerTransaction((c) => outbox.publishToTopic(c, "n.topic", { n: 1 }));
+  const topicRow = () =>
+    inProducerTransaction((c) =>
+      c.query(`INSERT INTO ${names.messages} (topic, payload, key) VALUES ('n.topic', '1', 'k')`),
+    );
+  // What the trailing wake-up of a publisher with its own notify connection runs.
+  const topicWake = () => run(producer, produceStatements(names).notifyTopic, [names.channel, "n.topic"]);
+  const repairerRoute = async () => {
+    await subscribe(db.pool, { schema, topic: "n.routed", queue: "n.routed.q" });
+    await db.pool.query(
+      `INSERT INTO ${names.deadLetters} (id, queue, payload, headers, created_at, available_at, deliveries_count, attempts_count, dead_at, reason)
+       VALUES (900004, 'n.routed', '{}', '{"outbox-topic": "n.routed"}', now(), now(), 0, 0, now(), 'no_subscribers')`,
+    );
+    try {
+      const out = await cliOk(role.repairer, ["dead-letters", "replay", "--id", "900004"]);
+      const { rows } = await db.pool.query(`SELECT 1 FROM ${names.messages} WHERE queue = 'n.routed.q'`);
+      if (rows.length !== 1) throw new Error(`expected one routed copy, got ${rows.length}: ${out}`);
+    } finally {
+      await db.pool.query(`DELETE FROM ${names.deadLetters} WHERE id = 900004`);
+      await db.pool.query(`DELETE FROM ${names.messages} WHERE queue = 'n.routed.q'`);
+    }
+  };
+  const subscribeAtStart = async () => {
+    const target = { schema, topic: "n.sub.*", queue: "n.sub.q" };
+    try {
+      // Twice: the second meets the first in ON CONFLICT.
+      await subscribe(subscriber, target);
+      await subscribe(subscriber, target);
+    } finally {
+      await unsubscribe(db.pool, target);
+    }
+  };
   const m = names.messages;
   const dl = names.deadLetters;
   const fn = (sig: string) => `FUNCTION ${names.quotedSchema}.${sig}`;
@@ -717,6 +968,11 @@ describe("every right is needed", () => {
       of: role.producer,
       op: publishKeyed,
     })),
+    { right: `INSERT (topic) ON ${m}`, of: role.producer, op: topicRow },
+    { right: `EXECUTE ON ${fn("fan_out(text, jsonb, boolean)")}`, of: role.producer, op: topicEvent },
+    // The topic row's trigger calls fan_out as the inserting role.
+    { right: `EXECUTE ON ${fn("fan_out(text, jsonb, boolean)")}`, of: role.producer, op: topicRow },
+    { right: `EXECUTE ON ${fn("topic_queues(text)")}`, of: role.producer, op: topicWake },
     {
       right: `USAGE ON SCHEMA ${names.quotedSchema}`,
       of: role.worker,
@@ -769,6 +1025,13 @@ describe("every right is needed", () => {
       of: role.worker,
       op: promote,
     },
+    ...SUBSCRIBE_COLUMNS.flatMap((c) => [
+      { right: `INSERT (${c}) ON ${names.subscriptions}`, of: role.subscriber, op: subscribeAtStart },
+      // ON CONFLICT (pattern, queue) reads its arbiter columns.
+      { right: `SELECT (${c}) ON ${names.subscriptions}`, of: role.subscriber, op: subscribeAtStart },
+    ]),
+    // The generated `matcher` column calls it as the inserting role.
+    { right: `EXECUTE ON ${fn("topic_matcher(text)")}`, of: role.subscriber, op: subscribeAtStart },
     {
       right: `DELETE ON ${dl}`,
       of: role.expirer,
@@ -784,6 +1047,17 @@ describe("every right is needed", () => {
       of: role.inspector,
       op: () => cliOk(role.inspector, ["dead-letters", "list"]),
     },
+    {
+      right: `SELECT ON ${names.subscriptions}`,
+      of: role.inspector,
+      op: () => listSubscriptions(inspector, { schema }),
+    },
+    {
+      // The preview counts where each kept topic event would go now.
+      right: `EXECUTE ON ${fn("topic_queues(text)")}`,
+      of: role.inspector,
+      op: () => cliOk(role.inspector, ["dead-letters", "replay", "--all", "--dry-run"]),
+    },
     ...INSPECTOR_SELECT_COLUMNS.map((c) => ({
       right: `SELECT (${c}) ON ${m}`,
       of: role.inspector,
@@ -797,6 +1071,7 @@ describe("every right is needed", () => {
     { right: `SELECT (key) ON ${m}`, of: role.repairer, op: repairerReplay },
     { right: `DELETE ON ${dl}`, of: role.repairer, op: repairerReplay },
     { right: `UPDATE (error) ON ${dl}`, of: role.repairer, op: repairerReplay },
+    { right: `EXECUTE ON ${fn("route_unrouted(bigint[])")}`, of: role.repairer, op: repairerRoute },
     {
       right: `DELETE ON ${dl}`,
       of: role.repairer,

@@ -7,14 +7,18 @@ import { type CliIo, print } from "./io.js";
 
 export const grantUsage = `Usage: outbox-worker grant [--producer ROLES] [--worker ROLES] [--inspector ROLES]
                           [--inspector-can-repair] [--worker-can-expire] [--worker-can-follow-up]
-                          [--create]
+                          [--worker-can-subscribe] [--create]
                           [--schema NAME] [--database-url URL] [--print]
 
 Give existing roles exactly the rights their side needs on the outbox schema (least privilege):
-  producer    publish: INSERT into messages (its own columns), SELECT of id, queue and key
-  worker      lease, ack, retry, dead-letter, release, renew, key-head repair, start-up checks; no DDL
-  inspector   status, peek and dead-letters list/show (read only; no payload column of messages
-              except through the unprocessed view)
+  producer    publish: INSERT into messages (its own columns), SELECT of id, queue and key; publish
+              to topics (fan_out, topic_queues); no right on subscriptions
+  worker      lease, ack, retry, dead-letter, release, renew, key-head repair, start-up checks; no DDL,
+              no right on subscriptions
+  inspector   status, peek, dead-letters list/show, subscriptions list (read only; no payload column
+              of messages except through the unprocessed view)
+Subscribing and unsubscribing stay with the schema's owner (or a worker with --worker-can-subscribe,
+which may add subscriptions only).
 Each named role is first stripped of its rights on the schema's tables, functions and sequences, then
 granted its side's; EXECUTE on the schema's functions is revoked from PUBLIC. Run it as the schema's
 owner, on a schema migrated to this version, and again after every migrate. ROLES: one role name or
@@ -27,6 +31,8 @@ Options:
   --inspector-can-repair   inspectors may also replay and purge dead letters
   --worker-can-expire      workers may also delete old dead letters (deadLetterRetentionMs)
   --worker-can-follow-up   workers may also insert messages (handlers that publish follow-ups)
+  --worker-can-subscribe   workers may also add subscriptions (their queues' declared ones, at start);
+                           never change or remove one
   --create                 create missing roles as NOLOGIN (no password: add LOGIN and a password yourself)
   --schema NAME            outbox schema (default: ${DEFAULT_SCHEMA}, or OUTBOX_SCHEMA)
   --database-url URL       Postgres connection string (default: DATABASE_URL)
@@ -50,6 +56,7 @@ export async function grantCommand(argv: string[], io: CliIo): Promise<number> {
     "inspector-can-repair": { type: "boolean" },
     "worker-can-expire": { type: "boolean" },
     "worker-can-follow-up": { type: "boolean" },
+    "worker-can-subscribe": { type: "boolean" },
     create: { type: "boolean" },
     schema: { type: "string" },
     "database-url": { type: "string" },
@@ -71,6 +78,7 @@ export async function grantCommand(argv: string[], io: CliIo): Promise<number> {
       inspectorCanRepair: values["inspector-can-repair"] === true,
       workerCanExpire: values["worker-can-expire"] === true,
       workerCanFollowUp: values["worker-can-follow-up"] === true,
+      workerCanSubscribe: values["worker-can-subscribe"] === true,
     };
   } catch (error) {
     if (error instanceof OutboxConfigError) throw new UsageError(error.message);
@@ -86,6 +94,9 @@ export async function grantCommand(argv: string[], io: CliIo): Promise<number> {
   }
   if (plan.workerCanFollowUp && (plan.worker ?? []).length === 0) {
     throw new UsageError("--worker-can-follow-up needs --worker");
+  }
+  if (plan.workerCanSubscribe && (plan.worker ?? []).length === 0) {
+    throw new UsageError("--worker-can-subscribe needs --worker");
   }
   if (values.print) {
     io.stdout(grantScript(plan));
@@ -133,7 +144,11 @@ export async function grantCommand(argv: string[], io: CliIo): Promise<number> {
           side === "inspector"
             ? [plan.inspectorCanRepair && "repair"]
             : side === "worker"
-              ? [plan.workerCanExpire && "dead-letter expiry", plan.workerCanFollowUp && "follow-ups"]
+              ? [
+                  plan.workerCanExpire && "dead-letter expiry",
+                  plan.workerCanFollowUp && "follow-ups",
+                  plan.workerCanSubscribe && "subscribing",
+                ]
               : [];
         const given = extras.filter(Boolean);
         const extra = given.length > 0 ? ` (with ${given.join(" and ")})` : "";

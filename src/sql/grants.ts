@@ -9,17 +9,28 @@ import { outboxNames, quoteLiteral } from "./names.js";
  *   `queue`/`key`, which the key-head trigger (mark_key_head, SECURITY INVOKER) reads as the inserting role.
  *   Not SECURITY DEFINER: a migration's CREATE OR REPLACE would silently drop it, and the grant command would
  *   have to alter a function it does not own. The cost: a producer can list other rows' queue and key (never
- *   their payloads, headers or errors).
+ *   their payloads, headers or errors). Topics: EXECUTE on fan_out (publishToTopic, and the expand_topic
+ *   trigger of a plain-SQL row, which calls it as the inserting role), INSERT of `topic` (that row), EXECUTE
+ *   on topic_queues (the trailing wake-up of a publisher with its own notify connection). Both functions are
+ *   SECURITY DEFINER: no right on subscriptions or dead_letters. topic_queues tells a producer nothing fan_out
+ *   does not (its copies name their queues, even in a transaction rolled back).
  * - worker: lease, ack, retry, release, renew and the dead-letter move (messages SELECT/UPDATE/DELETE,
  *   dead_letters SELECT/INSERT/UPDATE: UPDATE for the upsert of a replayed message that dies again), EXECUTE
  *   on ack_keyed/ack_key_heads/promote_heads/promote_heads_after, schema_migrations SELECT for the version check. No INSERT, no DDL, no TRUNCATE.
  *   With expire: DELETE on dead_letters, for the service's dead-letter retention (its FOR UPDATE SKIP LOCKED
  *   is covered by the UPDATE the worker already has). With follow-up: INSERT of the producer's columns, for
- *   handlers that publish follow-up messages (inserted by the worker with its ack).
+ *   handlers that publish follow-up messages (inserted by the worker with its ack; not `topic`, nor fan_out:
+ *   follow-ups go to queues). With subscribe: INSERT and SELECT of subscriptions' (pattern, queue) (the
+ *   ON CONFLICT (pattern, queue) of an idempotent subscribe reads its arbiter columns) and EXECUTE on
+ *   topic_matcher (the generated `matcher` column calls it as the inserting role); no UPDATE or DELETE.
  * - inspector: the `unprocessed` view (peek; a view reads its table with its owner's rights), the columns of
- *   messages that `status` and the replay preview read (no payload, headers or error), dead_letters SELECT.
+ *   messages that `status` and the replay preview read (no payload, headers or error), dead_letters SELECT,
+ *   subscriptions SELECT (who receives what), EXECUTE on topic_queues (the preview of kept topic events).
  *   With repair: replay (INSERT into messages with the dead letter's own id, DELETE from dead_letters; its
- *   FOR UPDATE needs UPDATE on one column) and purge (DELETE).
+ *   FOR UPDATE needs UPDATE on one column; EXECUTE on route_unrouted, SECURITY DEFINER, for the events kept
+ *   for want of a subscriber) and purge (DELETE).
+ *
+ * Nobody but the schema's owner changes subscriptions except a worker granted subscribe, and that adds only.
  */
 
 /** The roles to grant to, by side; any subset. */
@@ -36,6 +47,8 @@ export interface GrantPlan {
   workerCanExpire?: boolean;
   /** The worker may also insert messages: its handlers' follow-ups, written with their ack. */
   workerCanFollowUp?: boolean;
+  /** The worker may also add subscriptions (never change or remove one): the queues' declared ones, at start. */
+  workerCanSubscribe?: boolean;
 }
 
 const ROLE_NAME = /^[a-z_][a-z0-9_]*$/;
@@ -61,6 +74,10 @@ export function validateRoleName(name: unknown, field = "role"): string {
 export const PRODUCER_INSERT_COLUMNS = ["queue", "payload", "headers", "key", "available_at"] as const;
 /** `id` for RETURNING; `queue` and `key` for the key-head trigger's look-up. */
 export const PRODUCER_SELECT_COLUMNS = ["id", "queue", "key"] as const;
+/** A plain-SQL producer's row for a topic: expanded by fan_out through a trigger, never stored. */
+export const PRODUCER_TOPIC_COLUMNS = ["topic"] as const;
+/** publishToTopic and the topic row's trigger (fan_out); the trailing wake-up of a topic (topic_queues). */
+export const PRODUCER_FUNCTIONS = ["fan_out(text, jsonb, boolean)", "topic_queues(text)"] as const;
 /** What `status` (queue counts, worker leases) and the replay preview (`id`) read of messages. */
 export const INSPECTOR_SELECT_COLUMNS = [
   "id",
@@ -88,6 +105,14 @@ export const REPAIR_INSERT_COLUMNS = [
 ] as const;
 /** The key-head trigger fires on a replay's keyed rows too and reads these (beyond the inspector's). */
 export const REPAIR_SELECT_COLUMNS = ["key"] as const;
+/** The replay preview counts the queues a kept topic event would reach now. */
+export const INSPECTOR_FUNCTIONS = ["topic_queues(text)"] as const;
+/** Replay fans kept topic events out to their subscribers of now. */
+export const REPAIR_FUNCTIONS = ["route_unrouted(bigint[])"] as const;
+/** What an idempotent subscribe writes, and reads as its ON CONFLICT arbiter. */
+export const SUBSCRIBE_COLUMNS = ["pattern", "queue"] as const;
+/** The generated `matcher` column of a new subscription calls it as the inserting role. */
+export const SUBSCRIBE_FUNCTIONS = ["topic_matcher(text)"] as const;
 
 /** The functions the worker calls (argument types, as Postgres names them). */
 export const WORKER_FUNCTIONS = [
@@ -142,8 +167,11 @@ $$`);
   for (const role of all) out.push(`GRANT USAGE ON SCHEMA ${s} TO ${quoteRole(role)}`);
   for (const role of sides.producer) {
     const r = quoteRole(role);
-    out.push(`GRANT INSERT (${cols(PRODUCER_INSERT_COLUMNS)}) ON ${names.messages} TO ${r}`);
+    out.push(
+      `GRANT INSERT (${cols([...PRODUCER_INSERT_COLUMNS, ...PRODUCER_TOPIC_COLUMNS])}) ON ${names.messages} TO ${r}`,
+    );
     out.push(`GRANT SELECT (${cols(PRODUCER_SELECT_COLUMNS)}) ON ${names.messages} TO ${r}`);
+    for (const fn of PRODUCER_FUNCTIONS) out.push(`GRANT EXECUTE ON FUNCTION ${s}.${fn} TO ${r}`);
   }
   for (const role of sides.worker) {
     const r = quoteRole(role);
@@ -156,17 +184,26 @@ $$`);
     // Only handlers that publish follow-ups need it; without them a worker never creates messages.
     if (plan.workerCanFollowUp)
       out.push(`GRANT INSERT (${cols(PRODUCER_INSERT_COLUMNS)}) ON ${names.messages} TO ${r}`);
+    // Only a worker that applies its queues' declared subscriptions; add-only (no UPDATE, no DELETE).
+    if (plan.workerCanSubscribe) {
+      const c = cols(SUBSCRIBE_COLUMNS);
+      out.push(`GRANT INSERT (${c}), SELECT (${c}) ON ${names.subscriptions} TO ${r}`);
+      for (const fn of SUBSCRIBE_FUNCTIONS) out.push(`GRANT EXECUTE ON FUNCTION ${s}.${fn} TO ${r}`);
+    }
   }
   for (const role of sides.inspector) {
     const r = quoteRole(role);
     out.push(`GRANT SELECT ON ${names.unprocessed} TO ${r}`);
     out.push(`GRANT SELECT (${cols(INSPECTOR_SELECT_COLUMNS)}) ON ${names.messages} TO ${r}`);
     out.push(`GRANT SELECT ON ${names.deadLetters} TO ${r}`);
+    out.push(`GRANT SELECT ON ${names.subscriptions} TO ${r}`);
+    for (const fn of INSPECTOR_FUNCTIONS) out.push(`GRANT EXECUTE ON FUNCTION ${s}.${fn} TO ${r}`);
     if (plan.inspectorCanRepair) {
       out.push(`GRANT INSERT (${cols(REPAIR_INSERT_COLUMNS)}) ON ${names.messages} TO ${r}`);
       out.push(`GRANT SELECT (${cols(REPAIR_SELECT_COLUMNS)}) ON ${names.messages} TO ${r}`);
       // Replay locks the dead letters it moves (FOR UPDATE), which takes UPDATE on some column.
       out.push(`GRANT DELETE, UPDATE (error) ON ${names.deadLetters} TO ${r}`);
+      for (const fn of REPAIR_FUNCTIONS) out.push(`GRANT EXECUTE ON FUNCTION ${s}.${fn} TO ${r}`);
     }
   }
   return out;

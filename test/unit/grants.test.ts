@@ -18,17 +18,42 @@ describe("grantStatements", () => {
     expect(sql.filter((s) => s === 'REVOKE ALL ON ALL TABLES IN SCHEMA "outbox" FROM "app"')).toHaveLength(1);
     for (const s of sql.filter((x) => x.startsWith("GRANT"))) expect(s).toMatch(/ TO "(app|w|r)"$/);
     expect(sql).toContain(
-      'GRANT INSERT (queue, payload, headers, key, available_at) ON "outbox".messages TO "app"',
+      'GRANT INSERT (queue, payload, headers, key, available_at, topic) ON "outbox".messages TO "app"',
     );
     expect(sql).toContain('GRANT SELECT (id, queue, key) ON "outbox".messages TO "app"');
+    expect(sql).toContain('GRANT EXECUTE ON FUNCTION "outbox".fan_out(text, jsonb, boolean) TO "app"');
     expect(sql.join("\n")).not.toMatch(/TRUNCATE|CREATE|ALTER|PASSWORD|LOGIN|ALL PRIVILEGES/);
   });
 
   it("gives the inspector repair rights only when asked", () => {
     const plain = grantStatements({ schema: "s", inspector: ["r"] }).join("\n");
     const repair = grantStatements({ schema: "s", inspector: ["r"], inspectorCanRepair: true }).join("\n");
-    expect(plain).not.toMatch(/INSERT|DELETE|UPDATE/);
+    expect(plain).not.toMatch(/INSERT|DELETE|UPDATE|route_unrouted|fan_out/);
+    expect(plain).toContain('GRANT SELECT ON "s".subscriptions TO "r"');
     expect(repair).toMatch(/GRANT DELETE, UPDATE \(error\) ON "s".dead_letters TO "r"/);
+    expect(repair).toContain('GRANT EXECUTE ON FUNCTION "s".route_unrouted(bigint[]) TO "r"');
+    expect(repair).not.toMatch(/fan_out|topic_matcher/);
+  });
+
+  it("gives nobody a right to change subscriptions but a worker with workerCanSubscribe, and that adds only", () => {
+    const everyone = grantStatements({
+      schema: "s",
+      producer: ["p"],
+      worker: ["w"],
+      inspector: ["r"],
+      inspectorCanRepair: true,
+      workerCanExpire: true,
+      workerCanFollowUp: true,
+    });
+    const onSubscriptions = everyone.filter((x) => x.startsWith("GRANT") && x.includes('"s".subscriptions'));
+    expect(onSubscriptions).toEqual(['GRANT SELECT ON "s".subscriptions TO "r"']);
+    expect(everyone.join("\n")).not.toContain("topic_matcher");
+    const subscriber = grantStatements({ schema: "s", worker: ["w"], workerCanSubscribe: true });
+    expect(subscriber).toContain(
+      'GRANT INSERT (pattern, queue), SELECT (pattern, queue) ON "s".subscriptions TO "w"',
+    );
+    expect(subscriber).toContain('GRANT EXECUTE ON FUNCTION "s".topic_matcher(text) TO "w"');
+    expect(subscriber.join("\n")).not.toMatch(/(UPDATE|DELETE)[^\n]*subscriptions|fan_out/);
   });
 
   it("lets the worker delete dead letters only with workerCanExpire", () => {
@@ -44,9 +69,12 @@ describe("grantStatements", () => {
     expect(grantStatements({ schema: "s", worker: ["w"] }).join("\n")).not.toMatch(
       /INSERT .*ON "s".messages/,
     );
-    expect(grantStatements({ schema: "s", worker: ["w"], workerCanFollowUp: true })).toContain(
+    const chainer = grantStatements({ schema: "s", worker: ["w"], workerCanFollowUp: true });
+    expect(chainer).toContain(
       'GRANT INSERT (queue, payload, headers, key, available_at) ON "s".messages TO "w"',
     );
+    // Follow-ups go to queues: no topic row, no fan-out.
+    expect(chainer.join("\n")).not.toMatch(/topic|fan_out/);
   });
 
   it("creates missing roles NOLOGIN, never with a password, only with create", () => {
