@@ -84,9 +84,11 @@ describe("delivery", () => {
               createdAt: m.createdAt,
             });
             expect(m.signal.aborted).toBe(false);
+            expect(m.topic).toBeNull();
             expect(JSON.parse(JSON.stringify(m))).toEqual({
               id,
               queue: "typed",
+              topic: null,
               key: "k1",
               headers: { h: "v" },
               deliveries: 1,
