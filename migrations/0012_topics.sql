@@ -188,3 +188,19 @@ BEGIN
   END LOOP;
 END
 $$;
+
+-- On a schema whose rights `outbox-worker grant` set (it takes PUBLIC's EXECUTE from every function here),
+-- the new functions start the same way: fan_out, topic_queues and route_unrouted run as their owner, and
+-- with Postgres' default EXECUTE for PUBLIC any role that reaches the schema (a worker, an inspector) could
+-- publish to any topic or replay kept events until `grant` runs again. Nobody but the owner calls them
+-- until then. A schema never granted keeps the defaults, as 0006 and 0009 do.
+DO $$
+BEGIN
+  IF (SELECT proacl FROM pg_proc
+      WHERE oid = '{{schema}}.ack_keyed(bigint[], uuid[], integer, uuid, double precision, text, boolean)'::regprocedure)
+     IS NOT NULL THEN
+    REVOKE ALL ON FUNCTION {{schema}}.fan_out(text, jsonb, boolean), {{schema}}.topic_queues(text),
+      {{schema}}.route_unrouted(bigint[]), {{schema}}.topic_matcher(text), {{schema}}.expand_topic() FROM PUBLIC;
+  END IF;
+END
+$$;

@@ -134,7 +134,8 @@ describe("the README topics example", () => {
     const hook = received[0] as { body: string; headers: http.IncomingHttpHeaders };
     expect(HTTP.toEvent({ headers: hook.headers, body: hook.body })).toMatchObject({
       id: relayId,
-      type: relayQueue,
+      // The default type names the topic, not the relaying queue.
+      type: "order.placed",
       subject: "customer-7",
       data: { orderId: 42, totalCents: 4200 },
     });

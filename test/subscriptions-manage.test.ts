@@ -335,7 +335,7 @@ describe("the service's subscriptions", () => {
             .rowCount === 0,
         "both copies acknowledged",
       );
-      expect(received).toEqual([{ url: "/hook", body: '{"order": 7}', type: "hook" }]);
+      expect(received).toEqual([{ url: "/hook", body: '{"order": 7}', type: "order.placed" }]);
       expect(handled()).toEqual([{ queue: "billing", topic: "order.placed", payload: { order: 7 } }]);
     } finally {
       await service.stop();

@@ -1,5 +1,5 @@
 import type { MessageContext } from "../contract/handler.js";
-import { QUEUE_PLACEHOLDER } from "./config.js";
+import { QUEUE_PLACEHOLDER, TOPIC_PLACEHOLDER } from "./config.js";
 
 /**
  * CloudEvents 1.0 context attributes of one outbox message, transport-neutral: each relay maps them with
@@ -103,7 +103,10 @@ export function cloudEventAttributes(
     specversion: "1.0",
     id: message.id,
     source: naming.source,
-    type: naming.type.replaceAll(QUEUE_PLACEHOLDER, message.queue),
+    // A subscriber's copy is typed by its topic (order.placed), not by the queue that relays it.
+    type: naming.type
+      .replaceAll(TOPIC_PLACEHOLDER, message.topic ?? message.queue)
+      .replaceAll(QUEUE_PLACEHOLDER, message.queue),
     time: message.createdAt.toISOString(),
     datacontenttype: "application/json",
     extensions: {},

@@ -4,6 +4,8 @@ import { validateTopicPattern } from "../contract/topic.js";
 
 /** Where a relay's target names may say `{queue}`: replaced by the message's queue name. */
 export const QUEUE_PLACEHOLDER = "{queue}";
+/** Where a CloudEvents type may say `{topic}`: the topic a subscriber's copy was published to, else its queue. */
+export const TOPIC_PLACEHOLDER = "{topic}";
 
 const timeoutMs = (fallback: number) => z.number().int().min(1).max(600_000).default(fallback);
 
@@ -40,8 +42,10 @@ const eventSource = z
 const eventType = z
   .string()
   .min(1)
-  .default(QUEUE_PLACEHOLDER)
-  .describe("CloudEvents `type`; `{queue}` is replaced by the message's queue");
+  .default(TOPIC_PLACEHOLDER)
+  .describe(
+    "CloudEvents `type`; `{topic}` is replaced by the topic a message was published to (its queue when it was sent to the queue), `{queue}` by its queue",
+  );
 
 // An RFC 9110 token: a name fetch accepts, so a bad one fails at startup rather than on every message.
 const headerName = z.string().regex(/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/, "must be a valid HTTP header name");

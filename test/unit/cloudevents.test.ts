@@ -47,6 +47,16 @@ describe("CloudEvents attributes of an outbox message", () => {
     });
   });
 
+  it("types a subscriber's copy by its topic with {topic}, and a message sent to its queue by the queue", () => {
+    const naming = { source: "/s", type: "{topic}" };
+    const copy = message({ queue: "webhook", topic: "order.placed" });
+    expect(cloudEventAttributes(copy, naming).type).toBe("order.placed");
+    expect(cloudEventAttributes(message({ queue: "webhook" }), naming).type).toBe("webhook");
+    expect(cloudEventAttributes(copy, { source: "/s", type: "x.{queue}.{topic}" }).type).toBe(
+      "x.webhook.order.placed",
+    );
+  });
+
   it("leaves subject out for a keyless message", () => {
     const a = cloudEventAttributes(message({ key: null, headers: {} }), { source: "/s", type: "{queue}" });
     expect("subject" in a).toBe(false);
