@@ -203,6 +203,7 @@ describe("outbox-worker grant: what each role holds", () => {
       "ack_key_heads: EXECUTE",
       "promote_heads: EXECUTE",
       "promote_heads_after: EXECUTE",
+      "topic_queues: EXECUTE",
     ];
     expect(await privilegesOf(role.worker)).toEqual([...workerRights].sort());
     expect(await privilegesOf(role.expirer)).toEqual([...workerRights, "dead_letters: DELETE"].sort());
@@ -557,13 +558,12 @@ describe("worker", () => {
     expect(repaired).toEqual([]);
   });
 
-  it("reads status and dead letters through the CLI; refused peek (the view), replay, its preview and purge", async () => {
+  it("reads status, dead letters and the replay preview through the CLI; refused peek (the view), replay and purge", async () => {
     await cliOk(role.worker, ["status"]);
     await cliOk(role.worker, ["dead-letters", "list"]);
+    await cliOk(role.worker, ["dead-letters", "replay", "--all", "--dry-run"]);
     for (const args of [
       ["peek"],
-      // The preview asks topic_queues where kept topic events would go: an inspector's right, not a worker's.
-      ["dead-letters", "replay", "--all", "--dry-run"],
       ["dead-letters", "replay", "--all"],
       ["dead-letters", "purge", "--older-than", "1s"],
     ]) {
@@ -651,13 +651,14 @@ describe("worker", () => {
     }, "the parent acked and its follow-up inserted by the chainer role");
   });
 
-  it("without --worker-can-subscribe, holds no right on subscriptions or topics", async () => {
+  it("without --worker-can-subscribe, holds no right on subscriptions or topics but asking where a topic goes", async () => {
+    // topic_queues, for the replay preview: queue names, which the worker reads in every message anyway.
+    expect(await subscribersOf(worker, "w.x", { schema })).toEqual([]);
     const sub = names.subscriptions;
     const ops: [string, () => Promise<unknown>][] = [
       ["subscribe", () => subscribe(worker, { schema, topic: "w.#", queue: "w.spy" })],
       ["unsubscribe", () => unsubscribe(worker, { schema, topic: "w.#", queue: "w.spy" })],
       ["listSubscriptions", () => listSubscriptions(worker, { schema })],
-      ["subscribersOf", () => subscribersOf(worker, "w.x", { schema })],
       ["publishToTopic", () => outbox.publishToTopic(worker, "w.x", { n: 1 })],
       ...[
         `SELECT pattern, queue FROM ${sub}`,
@@ -693,7 +694,6 @@ describe("worker", () => {
       ["unsubscribe", () => unsubscribe(subscriber, target)],
       // It reads (pattern, queue), which its ON CONFLICT needs; not the rest of the table.
       ["listSubscriptions", () => listSubscriptions(subscriber, { schema })],
-      ["subscribersOf", () => subscribersOf(subscriber, "w.order.placed", { schema })],
       ["publishToTopic", () => outbox.publishToTopic(subscriber, "w.order.placed", { n: 1 })],
       ...[
         `UPDATE ${sub} SET queue = 'w.spy'`,
@@ -1024,6 +1024,12 @@ describe("every right is needed", () => {
       right: `EXECUTE ON ${fn("promote_heads_after(text[], text[], bigint[], integer, uuid, double precision, text)")}`,
       of: role.worker,
       op: promote,
+    },
+    {
+      // The replay preview asks where kept topic events would go (the console's preview, as the service).
+      right: `EXECUTE ON ${fn("topic_queues(text)")}`,
+      of: role.worker,
+      op: () => cliOk(role.worker, ["dead-letters", "replay", "--all", "--dry-run"]),
     },
     ...SUBSCRIBE_COLUMNS.flatMap((c) => [
       { right: `INSERT (${c}) ON ${names.subscriptions}`, of: role.subscriber, op: subscribeAtStart },

@@ -120,6 +120,9 @@ export const WORKER_FUNCTIONS = [
   "ack_key_heads(bigint[], uuid[], text[], text[], integer, uuid, double precision, text, boolean)",
   "promote_heads(text[], text[], integer, uuid, double precision, text)",
   "promote_heads_after(text[], text[], bigint[], integer, uuid, double precision, text)",
+  // The replay preview (`dead-letters replay --dry-run`, the console's) asks where kept topic events would
+  // go: queue names only, which the worker reads in every message already.
+  "topic_queues(text)",
 ] as const;
 
 const cols = (columns: readonly string[]) => columns.join(", ");
