@@ -552,8 +552,14 @@ export const billing = defineQueue("billing");`,
     // order.# takes any number of segments; nothing else subscribes to the refund.
     expect(topicOf(doc, "order.refund.issued").receivers).toEqual(["webhook"]);
     expect(doc.info.description).toContain('"payment.*" (queue ledger)');
-    // The relayed queue keeps its relay's channel.
-    expect(channelOf(doc, "webhook").channel.address).toBe("/orders");
+    // The relayed queue keeps its relay's channel; its copies are typed by their topic: no one ce-type.
+    const webhook = channelOf(doc, "webhook");
+    expect(webhook.channel.address).toBe("/orders");
+    const headers = webhook.message?.headers as
+      | { properties: Record<string, { const?: string }> }
+      | undefined;
+    expect(headers?.properties["ce-type"]).toBeDefined();
+    expect(headers?.properties["ce-type"]?.const).toBeUndefined();
   });
 });
 

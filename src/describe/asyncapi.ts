@@ -158,10 +158,8 @@ export async function buildAsyncApi(
   const relays = options.relays ?? {};
   registerRelaySecrets(relays);
   const topics = options.topics ?? [];
-  const { byTopic, unmatched } = subscribersOfTopics(
-    topics,
-    mergeSubscriptions(options.subscriptions, relaySubscriptions(relays)),
-  );
+  const declared = mergeSubscriptions(options.subscriptions, relaySubscriptions(relays));
+  const { byTopic, unmatched } = subscribersOfTopics(topics, declared);
   const all: AnyQueue[] = [...queues];
   for (const name of Object.keys(relays)) {
     if (!all.some((q) => q.name === name)) all.push({ name, schema: undefined });
@@ -189,7 +187,10 @@ export async function buildAsyncApi(
       ...payload,
     };
     const payloadRef = { $ref: `#/components/schemas/${id}` };
-    const transport = relay === undefined ? undefined : await describeTransport(queue.name, relay, source);
+    const transport =
+      relay === undefined
+        ? undefined
+        : await describeTransport(queue.name, relay, source, (declared.get(queue.name) ?? []).length > 0);
 
     const channelServers: { $ref: string }[] = [];
     for (const server of transport?.servers ?? []) {

@@ -13,7 +13,7 @@ import {
   eventNaming,
   structuredEvent,
 } from "../relay/cloudevents.js";
-import { type RelayConfig, renderTarget } from "../relay/config.js";
+import { type RelayConfig, renderTarget, TOPIC_PLACEHOLDER } from "../relay/config.js";
 import { redactConnectionString } from "../util/redact.js";
 import type { JsonSchema } from "./json-schema.js";
 
@@ -89,7 +89,7 @@ function headerNames(queue: string, names: (message: MessageContext) => Iterable
 const ATTRIBUTE_MEANING: Record<string, string> = {
   id: "the outbox message id: the same on every redelivery, so consumers dedupe by it",
   source: "the producer (`/outbox/<database>/<schema>` unless the relay sets eventSource)",
-  type: "the event type (the relay's eventType, `{queue}` replaced by the queue)",
+  type: "the event type (the relay's eventType: by default the topic a subscriber's copy was published to, else the queue)",
   specversion: "CloudEvents version",
   time: "when the message was written (RFC 3339, UTC, milliseconds)",
   subject: "the message's ordering key (absent when keyless)",
@@ -130,12 +130,15 @@ function constants(
   queue: string,
   naming: CloudEventNaming,
   source: string | undefined,
+  subscribed: boolean,
 ): Record<string, string> {
-  const type = renderTarget(naming.type, queue);
+  // `{topic}` is the queue's name on a message sent to the queue, and each copy's topic on a queue that
+  // subscribes to topics: then the type is not one value.
+  const varies = subscribed && naming.type.includes(TOPIC_PLACEHOLDER);
+  const type = renderTarget(naming.type.replaceAll(TOPIC_PLACEHOLDER, queue), queue);
   return {
     "ce-specversion": "1.0",
-    "ce-type": type,
-    type,
+    ...(varies ? {} : { "ce-type": type, type }),
     "ce-datacontenttype": "application/json",
     "content-type": "application/json",
     ...(source === undefined ? {} : { "ce-source": source }),
@@ -174,6 +177,7 @@ export async function describeTransport(
   queue: string,
   relay: RelayConfig,
   context: SourceContext,
+  subscribed = false,
 ): Promise<TransportDescription> {
   const naming = eventNaming(relay, {
     source:
@@ -182,7 +186,7 @@ export async function describeTransport(
   // Unknown until run time when the service uses an embedded Postgres: its database decides.
   const source =
     relay.eventSource !== undefined || context.databaseUrl !== undefined ? naming.source : undefined;
-  const fixed = constants(queue, naming, source);
+  const fixed = constants(queue, naming, source, subscribed);
   const extensions =
     "ce-<name> for each message header whose name is a CloudEvents extension name (lower-case letters and digits, e.g. ce-tenant)";
   switch (relay.type) {
