@@ -387,8 +387,10 @@ describe("readiness", () => {
     expect(early.body.checks.worker).toEqual({ ok: false, state: "new" });
 
     await worker.start();
+    // start() resolves once the listener's first attempt settled: on a loaded machine that attempt may
+    // time out ("reconnecting"), and readiness follows the retry that lands.
+    await expect.poll(async () => (await readyz(svc.base)).status).toBe(200);
     const up = await readyz(svc.base);
-    expect(up.status).toBe(200);
     expect(up.body).toEqual({
       ready: true,
       checks: {
