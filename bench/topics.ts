@@ -306,6 +306,9 @@ async function idle(seconds: number): Promise<number> {
   }
 }
 
+/** `xs` starting at its element `by` (mod length), wrapping around. */
+const rotate = <T>(xs: readonly T[], by: number): T[] => xs.map((_, i) => xs[(i + by) % xs.length] as T);
+
 /** Median and range, e.g. "45,123 (43,000–47,002)". */
 const mr = (xs: number[], digits = 0) => `${fmt(median(xs), digits)} (${range(xs, digits)})`;
 /** Ratio of medians, and the range of the run-by-run ratios. */
@@ -372,9 +375,14 @@ async function main(): Promise<void> {
   let repeated = 0;
   const log = (line: string) => process.stderr.write(`${line}\n`);
   for (let r = 0; r < runs; r++) {
+    // Each run starts one row further down its section: no row always follows the same one (a drain
+    // right after a producer's writes, say).
     const jobs = [
-      ...(only.includes("producer") ? producerRows : []).map((p) => ({ ...p, into: "producer" as const })),
-      ...(only.includes("drain") ? drainRows : []).map((d) => ({ ...d, into: "drain" as const })),
+      ...rotate(only.includes("producer") ? producerRows : [], r).map((p) => ({
+        ...p,
+        into: "producer" as const,
+      })),
+      ...rotate(only.includes("drain") ? drainRows : [], r).map((d) => ({ ...d, into: "drain" as const })),
     ];
     for (const j of jobs) {
       // As bench/run.ts: a job starts on an idle machine (waiting up to --idle-wait s) and is run again, at
@@ -413,7 +421,7 @@ async function main(): Promise<void> {
       `${new Date().toISOString().slice(0, 10)}. ${host}. Load average ${load0.map((x) => x.toFixed(1)).join(" ")} ` +
       `before, ${load1.map((x) => x.toFixed(1)).join(" ")} after; machine busy before each job ` +
       `${range(busyBefore, 2)} CPU-s/s (median ${median(busyBefore).toFixed(2)}); ${repeated} job${repeated === 1 ? "" : "s"} run again ` +
-      `(machine busy right after). Median (range) of ${runs} runs, interleaved.`,
+      `(machine busy right after). Median (range) of ${runs} runs, interleaved (each run starts one row further down).`,
   );
   say();
   const targets: string[] = [];
