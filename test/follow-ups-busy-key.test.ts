@@ -3,7 +3,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import type { PreparedFollowUp } from "../src/contract/follow-up.js";
 import { heldRows } from "../src/lease/held.js";
 import { createPgLeaseStore } from "../src/lease/pg-store.js";
-import { ACK_TURN, ACK_TURN_ID } from "../src/sql/key-lock.js";
+import { ACK_TURN, ACK_TURN_ID, KEY_LOCK } from "../src/sql/key-lock.js";
 import { testDatabase } from "./helpers/database.js";
 import { publisherFor, until } from "./helpers/worker.js";
 
@@ -117,16 +117,17 @@ describe("a busy follow-up key holds back only the deliveries that need it", () 
   }
 });
 
-describe("two acks whose follow-ups share a key queue for it instead of refusing each other", () => {
-  const waiting = async (name: string, event?: string) => {
-    const { rows } = await db.pool.query(
-      `SELECT count(*)::int AS n FROM pg_stat_activity
-       WHERE application_name = $1 AND wait_event_type = 'Lock' AND ($2::text IS NULL OR wait_event = $2)`,
-      [name, event ?? null],
-    );
-    return rows[0].n > 0;
-  };
+/** Whether a session named `name` waits for a lock (of that wait event, if given). */
+async function waiting(name: string, event?: string): Promise<boolean> {
+  const { rows } = await db.pool.query(
+    `SELECT count(*)::int AS n FROM pg_stat_activity
+     WHERE application_name = $1 AND wait_event_type = 'Lock' AND ($2::text IS NULL OR wait_event = $2)`,
+    [name, event ?? null],
+  );
+  return rows[0].n > 0;
+}
 
+describe("two acks whose follow-ups share a key queue for it instead of refusing each other", () => {
   for (const parentKeys of [false, true]) {
     it(`${parentKeys ? "keyed" : "keyless"} parents: the second ack waits while the first holds the key, then lands (at most one round later)`, async () => {
       await db.pool.query(
@@ -202,6 +203,43 @@ describe("an ack whose turn does not come", () => {
     }
     expect((await s.ack([write])).has(parent)).toBe(true);
     expect(await children()).toEqual([{ parent: 1 }]);
+  });
+});
+
+describe("an ack that waited long for its turn, then finds the key busy", () => {
+  it("still retries the key for a while before answering busy (its window starts at the first busy answer)", async () => {
+    await db.pool.query(`INSERT INTO ${db.names.messages} (queue, payload) VALUES ('parent', '{"n": 1}')`);
+    const busyRounds: number[] = [];
+    const tag = `fubusy-late-${process.pid}`;
+    const s = store(busyRounds, tag);
+    const [parent] = heldRows(...(await leaseOne(s)));
+    if (!parent) throw new Error("the parent leased");
+    // The turn on S and the key S itself, held by two open transactions of the test.
+    const turn = await db.pool.connect();
+    const key = await db.pool.connect();
+    try {
+      await turn.query("BEGIN");
+      await turn.query(`SELECT ${ACK_TURN(ACK_TURN_ID("$1::text", "$2::text"))}`, ["child", "S"]);
+      await key.query("BEGIN");
+      await key.query(`SELECT ${KEY_LOCK("$1::text", "$2::text")}`, ["child", "S"]);
+      const started = Date.now();
+      const acking = s.ack([{ held: parent, followUps: [follow({ parent: 1 }, "S")] }]);
+      // Queued for the turn longer than the busy window (100 ms): the wait itself must not use it up.
+      await until(
+        async () => Date.now() - started > 300 && (await waiting(tag)),
+        "the ack has waited for its turn past the busy window",
+      );
+      await turn.query("COMMIT");
+      const landed = await acking;
+      expect(landed.busy?.(parent)).toBe(true);
+      // Tried again after the first busy answer, not given up at once.
+      expect(busyRounds.length).toBeGreaterThan(1);
+    } finally {
+      await turn.query("ROLLBACK").catch(() => {});
+      await key.query("ROLLBACK").catch(() => {});
+      turn.release();
+      key.release();
+    }
   });
 });
 
