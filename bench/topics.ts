@@ -17,7 +17,7 @@
  *
  *   npm run bench:topics -- [--runs 3] [--seconds 5] [--events 10000] [--idle-wait 60] [--only producer,drain]
  *   npm run bench:topics -- --quick          # 1 run, 2 s per producer row, 3,000 events: about a minute
- *   npm run bench:topics -- --prototype fan-out-cached-plans   # adds the topic rows with that change applied
+ *   npm run bench:topics -- --prototype <name>   # adds the topic rows with bench/prototypes/<name>.sql applied
  *
  * Each job first waits up to --idle-wait seconds for an idle machine, and runs again (at most twice) when the
  * machine is busy right after it; the busy figure is printed per job.

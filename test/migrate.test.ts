@@ -49,6 +49,7 @@ describe("migrate", () => {
       { version: 11, name: "0011_finite_rows_validate" },
       { version: 12, name: "0012_topics" },
       { version: 13, name: "0013_unrouted_index" },
+      { version: 14, name: "0014_fan_out_cached_plans" },
     ]);
     const idx = await db.pool.query("SELECT indexname FROM pg_indexes WHERE schemaname = $1 ORDER BY 1", [
       db.schema,

@@ -1,19 +1,13 @@
--- A change to migration 0012 proposed after bench/topics.ts, not in the product: the same fan_out, with
--- its statements planned once per connection instead of on every call.
---
--- What the profile showed (pg_stat_statements, track = all, one producer publishing to 3 subscribed queues):
--- * topic_queues is LANGUAGE sql: Postgres 15 plans a SQL function's query on every call (caching came in
---   18), about 60 µs of planning for a 25 µs look-up.
--- * fan_out's INSERT and its key-lock statement were planned on every call too: with the queue array a
---   parameter, a custom plan knows unnest(queues) has 1 or 3 elements where the generic plan assumes 10,
---   so the plan cache judges the generic plan dearer and keeps re-planning (about 60–80 µs each). With 10
---   queues the estimates agree and the generic plan is kept: why 10 subscribers cost no more than 3.
--- * the key-lock statement runs even when no event has a key.
---
--- So: topic_queues in plpgsql (its plan cached; same rule, same result), fan_out with
--- `SET plan_cache_mode = force_generic_plan` (its statements' plans are kept whatever the array sizes),
--- and the key-lock statement only when some item has a key. Applied by `bench/topics.ts --prototype
--- fan-out-cached-plans` to the producer schema after `migrate`; behaviour unchanged (test/topics.test.ts).
+-- fan_out and topic_queues, planned once per connection instead of on every call (bench/topics.ts; what
+-- the profile showed is in bench/RESULTS.md, issue 27). Same rules, same results, same rights:
+-- CREATE OR REPLACE keeps each function's owner and grants.
+-- * topic_queues becomes plpgsql: Postgres before 18 plans a LANGUAGE sql function's query on every call
+--   (about 60 µs of planning for a 25 µs look-up); plpgsql keeps its plan for the session.
+-- * fan_out keeps generic plans (plan_cache_mode): with the queue array a parameter, a custom plan for 1 or
+--   3 queues looks cheaper than the generic one (which assumes 10), so the plan cache kept re-planning
+--   the INSERT and the lock statement (60–80 µs each).
+-- * fan_out takes key locks only when some event has a key: the lock statement cost keyless events too.
+
 CREATE OR REPLACE FUNCTION {{schema}}.topic_queues(topic text) RETURNS text[]
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -60,7 +54,9 @@ BEGIN
     END IF;
     RETURN;
   END IF;
-  -- Every (queue, key) lock before any id, in (queue, key) order, when any event has a key.
+  -- Every (queue, key) lock before any id, in (queue, key) order as publish, publishMany and replay take
+  -- them: ids then follow commit order within each subscriber's key, and two producers cannot deadlock.
+  -- Skipped when no event has a key (nothing to order).
   IF jsonb_path_exists(items, '$[*].key ? (@ != null)') THEN
     PERFORM count(*) FROM (
       SELECT pg_advisory_xact_lock(hashtext(k.queue), hashtext(k.key)) FROM (
@@ -70,6 +66,7 @@ BEGIN
       ) AS k
     ) AS taken;
   END IF;
+  -- Ids are drawn in the SELECT's order (item, then queue): the n-th id is item (n-1)/queues + 1.
   RETURN QUERY
   WITH ins AS (
     INSERT INTO {{schema}}.messages AS m (queue, payload, headers, key, available_at)
