@@ -448,7 +448,7 @@ async function explainStatements(
   keyed = false,
 ): Promise<PlanCheck[]> {
   const names = outboxNames(schema);
-  const fetchSql = fetchStatement(names, { synchronousCommit: false }).statement.text;
+  const fetchSql = fetchStatement(names, { synchronousCommit: false }, true).statement.text;
   const complete = completeStatements(names, { synchronousCommit: false });
   // The keyed ack and the promotion run inside the ack_key_heads function, whose plans EXPLAIN cannot show
   // (test/fetch-plan.test.ts reads them through auto_explain): keyed, only the fetch is explained here.
@@ -457,7 +457,7 @@ async function explainStatements(
   const client = await pool.connect();
   try {
     await client.query(
-      `PREPARE lease(text[], int, uuid, double precision, text, text[], bigint) AS ${fetchSql}`,
+      `PREPARE lease(text[], int, uuid, double precision, text, text[], bigint, uuid[], int[]) AS ${fetchSql}`,
     );
     await client.query(`PREPARE ack(bigint[], uuid[]) AS ${ackSql}`);
 
@@ -466,11 +466,11 @@ async function explainStatements(
       await client.query("BEGIN");
       const token = randomUUID();
       const lease = await client.query(
-        `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE lease('{${QUEUE}}', 500, '${token}', 30000, 'explain', '{}', ${Number.MAX_SAFE_INTEGER})`,
+        `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE lease('{${QUEUE}}', 500, '${token}', 30000, 'explain', '{}', ${Number.MAX_SAFE_INTEGER}, '{}', '{500}')`,
       );
       const fetchPlan = lease.rows[0]["QUERY PLAN"][0];
       // Lease 500 more for real (in the same transaction) and explain deleting them, fenced by token.
-      const leased = await runQuery(client, fetchStatement(names, { synchronousCommit: false }), {
+      const leased = await runQuery(client, fetchStatement(names, { synchronousCommit: false }, true), {
         queues: [QUEUE],
         limit: 500,
         token,
@@ -542,7 +542,7 @@ async function scale(spec: Extract<JobSpec, { kind: "scale" }>): Promise<ScaleRe
   }
 
   // The statements alone, on the full backlog: lease N, delete them fenced, `timed` times per N.
-  const fetch = fetchStatement(names, { synchronousCommit: false });
+  const fetch = fetchStatement(names, { synchronousCommit: false }, true);
   const { ack } = completeStatements(names, { synchronousCommit: false });
   const timedFetch: ScaleResult["timedFetch"] = [];
   const timedAck: ScaleResult["timedAck"] = [];
@@ -733,7 +733,7 @@ async function keyScale(spec: Extract<JobSpec, { kind: "keyScale" }>): Promise<K
   await vacuumSchema(pool, schema);
   const plans = await explainStatements(pool, schema, spec.rows, spec.keys > 0);
 
-  const fetch = fetchStatement(names, { synchronousCommit: false });
+  const fetch = fetchStatement(names, { synchronousCommit: false }, true);
   const sql = completeStatements(names, { synchronousCommit: false });
   const timedFetch: KeyScaleResult["timedFetch"] = [];
   const timedAck: KeyScaleResult["timedAck"] = [];

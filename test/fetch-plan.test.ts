@@ -15,11 +15,11 @@ async function explain(queues: string[], limit: number): Promise<string> {
     const text = fetchStatement(db.names, { synchronousCommit: false }).statement.text;
     await client.query("SET plan_cache_mode = force_generic_plan");
     await client.query(
-      `PREPARE lease(text[], int, uuid, double precision, text, text[], bigint, uuid[]) AS ${text}`,
+      `PREPARE lease(text[], int, uuid, double precision, text, text[], bigint, uuid[], int[]) AS ${text}`,
     );
     await client.query("BEGIN");
     const { rows } = await client.query(
-      `EXPLAIN (ANALYZE, COSTS OFF) EXECUTE lease('{${queues.join(",")}}', ${limit}, '${randomUUID()}', 30000, 'explain', '{}', ${Number.MAX_SAFE_INTEGER}, '{${randomUUID()}}')`,
+      `EXPLAIN (ANALYZE, COSTS OFF) EXECUTE lease('{${queues.join(",")}}', ${limit}, '${randomUUID()}', 30000, 'explain', '{}', ${Number.MAX_SAFE_INTEGER}, '{${randomUUID()}}', '{${queues.map(() => limit).join(",")}}')`,
     );
     return rows.map((r) => r["QUERY PLAN"]).join("\n");
   } finally {
@@ -140,8 +140,8 @@ describe(`per-key ordering with one hot key of ${HOT} rows and ${OTHER_KEYS} oth
     const text = fetchStatement(hot.names, { synchronousCommit: false }).statement.text;
     const plan = await explainHot(
       text,
-      "text[], int, uuid, double precision, text, text[], bigint, uuid[]",
-      `'{q}', 500, '${randomUUID()}', 30000, 'explain', '{}', ${Number.MAX_SAFE_INTEGER}, '{${randomUUID()}}'`,
+      "text[], int, uuid, double precision, text, text[], bigint, uuid[], int[]",
+      `'{q}', 500, '${randomUUID()}', 30000, 'explain', '{}', ${Number.MAX_SAFE_INTEGER}, '{${randomUUID()}}', '{500}'`,
     );
     expect(plan).toMatch(/Index Scan using messages_head_ready_idx on messages/);
     expect(plan).not.toMatch(/Seq Scan|Bitmap Heap Scan/);

@@ -37,7 +37,7 @@ export async function sqlDrain(
   ORDER BY available_at, id LIMIT $2 FOR UPDATE SKIP LOCKED))
 RETURNING id, payload`,
   };
-  const fetch = fetchStatement(names, { synchronousCommit: false });
+  const fetch = fetchStatement(names, { synchronousCommit: false }, true);
   const { ack } = completeStatements(names, { synchronousCommit: false });
   const clients = await Promise.all(
     Array.from({ length: connections }, async () => {

@@ -21,8 +21,8 @@
 import { backoffDelay } from "../retry/strategies.js";
 
 export interface FetcherDeps<Row> {
-  /** Lease up to `limit` rows. */
-  lease(limit: number): Promise<Row[]>;
+  /** Lease up to `limit` rows; `more`: more are probably waiting even if fewer than `limit` came. */
+  lease(limit: number): Promise<{ rows: Row[]; more?: boolean }>;
   /** Free local slots right now. */
   free(): number;
   deliver(rows: Row[]): void;
@@ -135,8 +135,9 @@ export class Fetcher<Row> {
           break;
         }
         let rows: Row[];
+        let more: boolean | undefined;
         try {
-          rows = await this.deps.lease(limit);
+          ({ rows, more } = await this.deps.lease(limit));
         } catch (error) {
           next = this.#failed(error as Error);
           break;
@@ -144,7 +145,7 @@ export class Fetcher<Row> {
         this.#failures = 0;
         if (rows.length > 0) this.deps.deliver(rows);
         if (this.#stoppedNow()) return;
-        this.#backlog = rows.length === limit;
+        this.#backlog = rows.length === limit || more === true;
         // Full: more are waiting, so ask for more next time; short: the backlog is gone, start small again.
         if (this.#backlog && limit === this.#batch)
           this.#batch = Math.min(this.deps.batchSize, this.#batch * 2);

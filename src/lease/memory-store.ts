@@ -1,6 +1,7 @@
 import { randomUUID } from "node:crypto";
 import type { PreparedFollowUp } from "../contract/follow-up.js";
 import type { LeasedRow } from "../sql/fetch.js";
+import { QueueShares } from "./queue-shares.js";
 import {
   type AckWrite,
   allLanded,
@@ -119,12 +120,14 @@ export class MemoryTable {
 export class MemoryLeaseStore implements LeaseStore {
   readonly #table: MemoryTable;
   readonly #options: Required<Omit<MemoryLeaseStoreOptions, "now">>;
+  readonly #shares: QueueShares;
   /** Every token this store made, in order: a test can tell a stale write from a current one. */
   readonly tokens: string[] = [];
 
   constructor(table: MemoryTable, options: MemoryLeaseStoreOptions) {
     this.#table = table;
     this.#options = { workerId: "memory", maxErrorLength: 4000, unorderedQueues: [], ...options };
+    this.#shares = new QueueShares(this.#options.queues);
   }
 
   #owned(d: Delivery): MemoryRow | undefined {
@@ -136,19 +139,30 @@ export class MemoryLeaseStore implements LeaseStore {
     const now = this.#table.now();
     const token = randomUUID();
     this.tokens.push(token);
-    const queues = new Set(this.#options.queues);
     const unordered = new Set(this.#options.unorderedQueues);
     const kept = new Set(keep);
-    const due = [...this.#table.rows.values()]
-      .filter(
-        (r) =>
-          queues.has(r.queue) &&
-          (r.token === null
-            ? r.availableAt <= now && (r.head || unordered.has(r.queue))
-            : (r.leaseExpiresAt ?? 0) <= now && !kept.has(r.token)),
-      )
-      .sort((a, b) => a.availableAt - b.availableAt || Number(a.id) - Number(b.id))
-      .slice(0, limit);
+    const oldest = (a: MemoryRow, b: MemoryRow) =>
+      a.availableAt - b.availableAt || Number(a.id) - Number(b.id);
+    const split = this.#shares.split(limit);
+    // As the fetch statement: each queue's oldest rows up to its share, its k-th row at turn k / share.
+    const due = this.#options.queues
+      .flatMap((queue, i) => {
+        const share = split[i] ?? limit;
+        return [...this.#table.rows.values()]
+          .filter(
+            (r) =>
+              r.queue === queue &&
+              (r.token === null
+                ? r.availableAt <= now && (r.head || unordered.has(r.queue))
+                : (r.leaseExpiresAt ?? 0) <= now && !kept.has(r.token)),
+          )
+          .sort(oldest)
+          .slice(0, share)
+          .map((row, k) => ({ row, turn: (k + 1) / share }));
+      })
+      .sort((a, b) => a.turn - b.turn || oldest(a.row, b.row))
+      .slice(0, limit)
+      .map((c) => c.row);
     // As the fetch statement: a running sum of payload sizes, the first row always taken.
     let bytes = 0;
     let taken = 0;
@@ -158,7 +172,10 @@ export class MemoryLeaseStore implements LeaseStore {
       taken++;
     }
     due.length = taken;
-    return { token, rows: due.map((r) => this.#take(r, token, now)) };
+    const counts = new Map<string, number>();
+    for (const r of due) counts.set(r.queue, (counts.get(r.queue) ?? 0) + 1);
+    const more = this.#shares.record(limit, split, counts);
+    return { token, rows: due.map((r) => this.#take(r, token, now)), more };
   }
 
   /** Lease one row under `token`: what the fetch statement sets and returns. */

@@ -25,6 +25,7 @@ import { fetchStatement, type LeasedRow } from "../sql/fetch.js";
 import type { OutboxNames } from "../sql/names.js";
 import { reclaimStatement } from "../sql/own-leases.js";
 import { NotifyThrottle } from "../util/notify-throttle.js";
+import { QueueShares } from "./queue-shares.js";
 import {
   type AckWrite,
   allLanded,
@@ -111,12 +112,13 @@ async function insertingFollowUps<T>(write: () => Promise<T>): Promise<T> {
 
 export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
   const settings = { synchronousCommit: options.synchronousCommit };
-  const leaseSql = fetchStatement(options.names, settings);
+  const leaseSql = fetchStatement(options.names, settings, options.queues.length === 1);
   const sql = completeStatements(options.names, settings);
   const reclaimSql = reclaimStatement(options.names, settings);
   const queues = [...options.queues];
   const unorderedQueues = [...(options.unorderedQueues ?? [])];
   const unordered = new Set(unorderedQueues);
+  const shares = new QueueShares(queues);
   let prepared = options.preparedStatements;
 
   /**
@@ -419,6 +421,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
   return {
     async lease(limit, maxBytes, keep = []) {
       const token = randomUUID();
+      const split = shares.split(limit);
       const rows = await query(leaseSql, {
         queues,
         unorderedQueues,
@@ -428,8 +431,11 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
         token,
         leaseTtlMs: options.leaseTtlMs,
         workerId: options.workerId,
+        shares: split,
       });
-      return { token, rows };
+      const counts = new Map<string, number>();
+      for (const row of rows) counts.set(row.queue, (counts.get(row.queue) ?? 0) + 1);
+      return { token, rows, more: shares.record(limit, split, counts) };
     },
 
     async ack(unsorted: readonly AckWrite[], handOff = 0): Promise<Landed> {

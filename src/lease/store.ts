@@ -22,6 +22,11 @@ export interface Delivery {
 export interface Lease {
   readonly token: string;
   readonly rows: readonly LeasedRow[];
+  /**
+   * More rows are probably waiting although fewer than the limit came (a queue filled its share of the
+   * fetch): fetch again now. A fetch that returned its limit says so by its length alone.
+   */
+  readonly more?: boolean;
 }
 
 /**

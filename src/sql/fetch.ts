@@ -34,11 +34,20 @@ export interface LeaseParams {
   workerId: string;
   /** Tokens whose expired leases are not taken: the caller still runs those deliveries. */
   keep?: readonly string[];
+  /**
+   * The most rows each queue's scan takes (in `queues` order; see QueueShares). Unset: `limit` each. The
+   * statement still leases at most `limit` in all, oldest first among what the scans found.
+   */
+  shares?: readonly number[];
 }
 
 /**
  * Lease up to `limit` rows of `queues` whose lease is unset or expired and whose time has come, oldest
- * first, under `token` for `leaseTtlMs`, naming `workerId` as their holder.
+ * first within each queue, under `token` for `leaseTtlMs`, naming `workerId` as their holder.
+ *
+ * Several queues: each queue's scans stop at its `shares` entry (every row a scan takes is read and
+ * locked, picked or not), and where the shares sum past the limit each queue gives up the same fraction
+ * of its rows (its k-th row takes turn k / share), so one queue's backlog does not starve the others.
  *
  * Per-key ordering: only the head of a key (no earlier row of its queue and key left) is ready, and the
  * ready index holds heads only, so a hot key's backlog is never walked; a batch holds at most one row per
@@ -57,46 +66,59 @@ export interface LeaseParams {
 export function fetchStatement(
   names: OutboxNames,
   settings: StatementSettings,
+  /** Only ever one queue: no turns to take, oldest first (saves a sort and a window per fetch). */
+  oneQueue = false,
 ): Query<LeaseParams, LeasedRow> {
   const m = names.messages;
   const cte = settingsCte(settings);
+  const turn = oneQueue
+    ? "0"
+    : "(row_number() OVER (PARTITION BY queue ORDER BY available_at, id))::float8 / share";
   return defineQuery(
     "lease",
     `WITH ${cte === "" ? "" : `${cte}, `}expired AS (
-  SELECT c.id, c.available_at, c.bytes FROM unnest($1::text[]) AS q(queue)
+  SELECT c.id, c.available_at, c.bytes, q.queue, q.share FROM unnest($1::text[], $9::int[]) AS q(queue, share)
   CROSS JOIN LATERAL (
     SELECT id, available_at, pg_column_size(payload) AS bytes FROM ${m}
     WHERE queue = q.queue AND acquired_token IS NOT NULL AND lease_expires_at <= now()
       -- Our own deliveries still running (the event loop was blocked past their lease): never a second run.
       AND acquired_token <> ALL ($8::uuid[])
     ORDER BY lease_expires_at
-    LIMIT $2
+    LIMIT q.share
     FOR UPDATE SKIP LOCKED
   ) AS c
 ), ready AS (
-  SELECT c.id, c.available_at, c.bytes FROM unnest($1::text[]) AS q(queue)
+  SELECT c.id, c.available_at, c.bytes, q.queue, q.share FROM unnest($1::text[], $9::int[]) AS q(queue, share)
   CROSS JOIN LATERAL (
     SELECT id, available_at, pg_column_size(payload) AS bytes FROM ${m}
     WHERE queue = q.queue AND acquired_token IS NULL AND head AND available_at <= now()
     ORDER BY available_at, id
-    LIMIT $2
+    -- Its share, not the whole limit: every row a scan takes is read and locked, picked or not.
+    LIMIT q.share
     FOR UPDATE SKIP LOCKED
   ) AS c
 ), waiting AS (
-  SELECT c.id, c.available_at, c.bytes FROM unnest($6::text[]) AS q(queue)
+  SELECT c.id, c.available_at, c.bytes, q.queue, q.share FROM unnest($1::text[], $9::int[]) AS q(queue, share)
   CROSS JOIN LATERAL (
     SELECT id, available_at, pg_column_size(payload) AS bytes FROM ${m}
     WHERE queue = q.queue AND acquired_token IS NULL AND NOT head AND available_at <= now()
     ORDER BY available_at, id
-    LIMIT $2
+    LIMIT q.share
     FOR UPDATE SKIP LOCKED
   ) AS c
+  WHERE q.queue = ANY ($6::text[])
 ), picked AS (
   SELECT id FROM (
     SELECT id, row_number() OVER w AS n, sum(bytes) OVER w AS running
-    FROM (SELECT * FROM expired UNION ALL SELECT * FROM ready UNION ALL SELECT * FROM waiting) AS candidates
-    WINDOW w AS (ORDER BY available_at, id ROWS UNBOUNDED PRECEDING)
-    ORDER BY available_at, id
+    FROM (
+      -- A queue's k-th row (oldest first) takes turn k / share: where the shares sum past the limit, the
+      -- cut takes the same fraction of each queue's rows, not the oldest of all (one queue's old backlog
+      -- would starve the others). With one queue this is oldest first.
+      SELECT id, available_at, bytes, ${turn} AS turn
+      FROM (SELECT * FROM expired UNION ALL SELECT * FROM ready UNION ALL SELECT * FROM waiting) AS r
+    ) AS candidates
+    WINDOW w AS (ORDER BY turn, available_at, id ROWS UNBOUNDED PRECEDING)
+    ORDER BY turn, available_at, id
     LIMIT $2
   ) AS sized
   WHERE n = 1 OR running <= $7::bigint
@@ -119,6 +141,7 @@ RETURNING ${LEASED_COLUMNS}`,
       p.unorderedQueues ?? [],
       p.maxBytes ?? Number.MAX_SAFE_INTEGER,
       p.keep ?? [],
+      p.shares ?? p.queues.map(() => p.limit),
     ],
   );
 }

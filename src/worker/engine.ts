@@ -248,7 +248,7 @@ export function createEngine(deps: EngineDeps): Engine {
         for (const row of lease.rows) bytes += payloadBytes(row);
         fetched(lease.rows.length, bytes, performance.now() - started);
         health.recovered("fetch");
-        return heldRows(lease.token, lease.rows);
+        return { rows: heldRows(lease.token, lease.rows), more: lease.more };
       } finally {
         fetchReserved = 0;
       }

@@ -6,8 +6,8 @@ import { Fetcher } from "../../src/fetch/fetcher.js";
  * gaps between fetches are the delays the fetcher scheduled, exactly. Nothing here waits for real time.
  */
 
-/** What one lease() call does: return this many rows, or throw. */
-type Step = number | Error;
+/** What one lease() call does: return this many rows, or throw; `more`: the store says more are waiting. */
+type Step = number | Error | { rows: number; more: true };
 
 function harness(options: {
   random: () => number;
@@ -45,7 +45,9 @@ function harness(options: {
       at.push(Date.now() - t0);
       limits.push(limit);
       if (step instanceof Error) throw step;
-      return Array.from({ length: Math.min(step, limit) }, (_, i) => i);
+      const n = typeof step === "number" ? step : step.rows;
+      const rows = Array.from({ length: Math.min(n, limit) }, (_, i) => i);
+      return typeof step === "number" ? { rows } : { rows, more: step.more };
     },
     deliver: () => {},
     onError: (_error, consecutive) => void errors.push(consecutive),
@@ -176,5 +178,22 @@ describe("Fetcher batch size", () => {
     });
     await runFor(1000, h.fetcher);
     expect(h.limits.slice(0, 9)).toEqual([10, 20, 40, 80, 100, 100, 100, 10, 10]);
+  });
+
+  it("a short fetch whose store says more are waiting (a queue filled its share) fetches again at once, batch growing", async () => {
+    const h = harness({
+      random: fixed(1),
+      minBatch: 10,
+      batchSize: 100,
+      free: 1000,
+      steps: [{ rows: 4, more: true }, { rows: 12, more: true }, 5, 0],
+    });
+    await runFor(1000, h.fetcher);
+    expect(h.limits.slice(0, 4), "short but more: the batch doubles as after a full one").toEqual([
+      10, 20, 40, 10,
+    ]);
+    expect(h.gaps().slice(0, 3), "no poll wait until a fetch neither fills nor says more").toEqual([
+      0, 0, 100,
+    ]);
   });
 });
