@@ -118,7 +118,7 @@ async function rowCounts(id: string) {
 describe("console config", () => {
   it("is off by default, binds 127.0.0.1 by default, and refuses bad settings naming the field", async () => {
     const config = await loadServiceConfig({ env: {} });
-    expect(config.console).toEqual({ enabled: false, pathPrefix: "/console" });
+    expect(config.console).toEqual({ enabled: false, pathPrefix: "/console", allowedHosts: [] });
     expect(config.http.host).toBe("127.0.0.1");
 
     expect(await problemsOf({ OUTBOX_CONSOLE_ENABLED: "true" })).toEqual([
@@ -488,8 +488,8 @@ describe("console against DNS rebinding and cross-origin writes", () => {
   it("refuses a write whose Origin is not the console's own page, before any token check", async () => {
     const { base, service } = await serve({ enabled: true, writeToken: WRITE_TOKEN });
     const port = service.httpPort as number;
-    const target = ids.others[1] as string;
-    const replay = (origin: string | undefined) =>
+    const target = ids.hostile;
+    const replay = (origin: string | undefined, dryRun = false) =>
       raw(
         base,
         "/console/api/dead-letters/replay",
@@ -500,7 +500,7 @@ describe("console against DNS rebinding and cross-origin writes", () => {
           ...(origin ? { origin } : {}),
         },
         "POST",
-        JSON.stringify({ ids: [target], dryRun: true }),
+        JSON.stringify({ ids: [target], dryRun }),
       );
     for (const origin of [
       "http://evil.example",
@@ -512,10 +512,10 @@ describe("console against DNS rebinding and cross-origin writes", () => {
       expect(res.status, origin).toBe(403);
       expect(JSON.parse(res.text).error, origin).toMatch(/only the console's own page may write/);
     }
-    expect((await replay(`http://127.0.0.1:${port}`)).status).toBe(200);
-    // No Origin (curl, a script): the token decides alone.
-    expect((await replay(undefined)).status).toBe(200);
     expect(await rowCounts(target)).toEqual({ m: 0, d: 1 });
+    expect((await replay(`http://127.0.0.1:${port}`, true)).status).toBe(200);
+    // No Origin (curl, a script): the token decides alone.
+    expect((await replay(undefined, true)).status).toBe(200);
   });
 
   it("bound to a non-loopback address, refuses to start without a read token, in one line", async () => {

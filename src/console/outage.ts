@@ -44,7 +44,8 @@ export function unavailableReason(error: unknown): string | undefined {
 export function describeDatabase(connectionString: string | undefined): string {
   if (!connectionString) return "the database";
   try {
-    const url = new URL(connectionString);
+    // "user@/db?host=/socket" has no host for the URL parser: it gets one, the socket path wins below.
+    const url = new URL(connectionString.replace("@/", "@localhost/"));
     // A Unix socket is given as ?host=/path, the URL's host then empty.
     const host = url.searchParams.get("host") || decodeURIComponent(url.hostname) || "localhost";
     const name = decodeURIComponent(url.pathname.replace(/^\//, ""));
