@@ -18,6 +18,8 @@ const RLO = "\u202E";
 /** Every bidi control the page must neutralise. */
 const BIDI = /[\u202A-\u202E\u2066-\u2069\u200E\u200F\u061C]/;
 const RTL_QUEUE = `rtl${RLO}eueuq`;
+/** Hang guard for the tests that walk 100k rows: minutes on a busy 2-core machine (no time is asserted). */
+const LONG = 600_000;
 let bigMessage: string;
 let bigDead: string;
 
@@ -104,40 +106,44 @@ interface ListRow {
 }
 
 describe("console API at size", () => {
-  it("pages 100k unprocessed rows and 100k dead letters by id: every row once, in order", async () => {
-    const console = await serve();
-    for (const [list, param, order] of [
-      ["peek", "after", 1n],
-      ["dead-letters", "before", -1n],
-    ] as const) {
-      let cursor: string | null = null;
-      let previous: bigint | undefined;
-      let seen = 0;
-      let pages = 0;
-      do {
-        const query: string = `queue=bulk&limit=1000${cursor ? `&${param}=${cursor}` : ""}`;
-        const res = await get(`${console}/api/${list}?${query}`);
-        expect(res.status, query).toBe(200);
-        const page = JSON.parse(res.text) as { rows: ListRow[]; next: string | null };
-        for (const row of page.rows) {
-          const id = BigInt(row.id);
-          if (previous !== undefined) expect((id - previous) * order > 0n, `${list} ${row.id}`).toBe(true);
-          previous = id;
-        }
-        seen += page.rows.length;
-        pages++;
-        cursor = page.next;
-        if (cursor !== null) expect(cursor).toBe(page.rows[page.rows.length - 1]?.id);
-        // A cursor that does not move on would page forever: stop well past the expected 101 pages.
-      } while (cursor !== null && pages < 150);
-      expect(seen, list).toBe(BULK + 1);
-      expect(pages, list).toBe(101);
-    }
-    const bad = await get(`${console}/api/peek?after=abc`);
-    expect(bad.status).toBe(400);
-    expect(JSON.parse(bad.text).error).toMatch(/^after: must be a positive whole number/);
-    expect((await get(`${console}/api/dead-letters?before=-1`)).status).toBe(400);
-  });
+  it(
+    "pages 100k unprocessed rows and 100k dead letters by id: every row once, in order",
+    async () => {
+      const console = await serve();
+      for (const [list, param, order] of [
+        ["peek", "after", 1n],
+        ["dead-letters", "before", -1n],
+      ] as const) {
+        let cursor: string | null = null;
+        let previous: bigint | undefined;
+        let seen = 0;
+        let pages = 0;
+        do {
+          const query: string = `queue=bulk&limit=1000${cursor ? `&${param}=${cursor}` : ""}`;
+          const res = await get(`${console}/api/${list}?${query}`);
+          expect(res.status, query).toBe(200);
+          const page = JSON.parse(res.text) as { rows: ListRow[]; next: string | null };
+          for (const row of page.rows) {
+            const id = BigInt(row.id);
+            if (previous !== undefined) expect((id - previous) * order > 0n, `${list} ${row.id}`).toBe(true);
+            previous = id;
+          }
+          seen += page.rows.length;
+          pages++;
+          cursor = page.next;
+          if (cursor !== null) expect(cursor).toBe(page.rows[page.rows.length - 1]?.id);
+          // A cursor that does not move on would page forever: stop well past the expected 101 pages.
+        } while (cursor !== null && pages < 150);
+        expect(seen, list).toBe(BULK + 1);
+        expect(pages, list).toBe(101);
+      }
+      const bad = await get(`${console}/api/peek?after=abc`);
+      expect(bad.status).toBe(400);
+      expect(JSON.parse(bad.text).error).toMatch(/^after: must be a positive whole number/);
+      expect((await get(`${console}/api/dead-letters?before=-1`)).status).toBe(400);
+    },
+    LONG,
+  );
 
   it("sends list rows with a bounded preview, and the whole row only when asked for", async () => {
     const console = await serve();
@@ -242,72 +248,76 @@ describe.skipIf(missing !== undefined)("console at size in a headless Chromium",
       .locator(`#${table} tbody tr[data-id]`)
       .evaluateAll((rows) => rows.map((r) => r.getAttribute("data-id")));
 
-  it("pages both lists by id with Next, Previous and First, each poll a small answer though a row is 1 MB", async () => {
-    const console = await serve();
-    const { page, errors, sizes } = await open(console);
-    try {
-      await page.fill("#peek-queue", "bulk");
-      await page.press("#peek-queue", "Enter");
-      await page.fill("#dead-queue", "bulk");
-      await page.press("#dead-queue", "Enter");
-      await expect.poll(async () => (await idsOf(page, "peek"))[0]).toBe(bigMessage);
-      await expect.poll(async () => (await idsOf(page, "dead"))[0]).toBe(bigDead);
+  it(
+    "pages both lists by id with Next, Previous and First, each poll a small answer though a row is 1 MB",
+    async () => {
+      const console = await serve();
+      const { page, errors, sizes } = await open(console);
+      try {
+        await page.fill("#peek-queue", "bulk");
+        await page.press("#peek-queue", "Enter");
+        await page.fill("#dead-queue", "bulk");
+        await page.press("#dead-queue", "Enter");
+        await expect.poll(async () => (await idsOf(page, "peek"))[0]).toBe(bigMessage);
+        await expect.poll(async () => (await idsOf(page, "dead"))[0]).toBe(bigDead);
 
-      for (const [table, first, older] of [
-        ["peek", bigMessage, 1n],
-        ["dead", bigDead, -1n],
-      ] as const) {
-        const page1 = (await idsOf(page, table)) as string[];
-        expect(page1).toHaveLength(50);
-        expect(await page.locator(`#${table}-page`).textContent()).toBe(
-          `page 1: ids ${page1[0]} to ${page1[49]}`,
-        );
-        expect(await page.locator(`#${table}-prev`).isDisabled()).toBe(true);
-        const pages = [page1];
-        for (let n = 2; n <= 4; n++) {
-          const before = pages[pages.length - 1] as string[];
-          await page.click(`#${table}-next`);
-          await expect.poll(async () => (await idsOf(page, table))[0]).not.toBe(before[0]);
-          const shown = (await idsOf(page, table)) as string[];
-          expect(shown).toHaveLength(50);
-          // Right after the page before: the next ids in order, none repeated, none skipped.
-          expect((BigInt(shown[0] as string) - BigInt(before[49] as string)) * older).toBe(1n);
-          expect(await page.locator(`#${table}-page`).textContent()).toMatch(new RegExp(`^page ${n}: `));
-          pages.push(shown);
+        for (const [table, first, older] of [
+          ["peek", bigMessage, 1n],
+          ["dead", bigDead, -1n],
+        ] as const) {
+          const page1 = (await idsOf(page, table)) as string[];
+          expect(page1).toHaveLength(50);
+          expect(await page.locator(`#${table}-page`).textContent()).toBe(
+            `page 1: ids ${page1[0]} to ${page1[49]}`,
+          );
+          expect(await page.locator(`#${table}-prev`).isDisabled()).toBe(true);
+          const pages = [page1];
+          for (let n = 2; n <= 4; n++) {
+            const before = pages[pages.length - 1] as string[];
+            await page.click(`#${table}-next`);
+            await expect.poll(async () => (await idsOf(page, table))[0]).not.toBe(before[0]);
+            const shown = (await idsOf(page, table)) as string[];
+            expect(shown).toHaveLength(50);
+            // Right after the page before: the next ids in order, none repeated, none skipped.
+            expect((BigInt(shown[0] as string) - BigInt(before[49] as string)) * older).toBe(1n);
+            expect(await page.locator(`#${table}-page`).textContent()).toMatch(new RegExp(`^page ${n}: `));
+            pages.push(shown);
+          }
+          await page.click(`#${table}-prev`);
+          await expect.poll(() => idsOf(page, table)).toEqual(pages[2]);
+          await page.click(`#${table}-first`);
+          await expect.poll(() => idsOf(page, table)).toEqual(page1);
+          expect(page1[0]).toBe(first);
         }
-        await page.click(`#${table}-prev`);
-        await expect.poll(() => idsOf(page, table)).toEqual(pages[2]);
-        await page.click(`#${table}-first`);
-        await expect.poll(() => idsOf(page, table)).toEqual(page1);
-        expect(page1[0]).toBe(first);
-      }
 
-      // The big row's preview is cut, and says by how much; a few polls later, no answer was large.
-      const payload = await page
-        .locator(`#peek tr[data-id="${bigMessage}"] td[data-col="payload"]`)
-        .textContent();
-      expect(payload).toMatch(/^\{"blob": "x+… \(1\.0 MB in all: View\)$/);
-      const polls = () => sizes.get("/console/api/peek")?.length ?? 0;
-      const seen = polls();
-      await expect.poll(polls).toBeGreaterThanOrEqual(seen + 2);
-      for (const endpoint of ["/console/api/peek", "/console/api/dead-letters", "/console/api/status"]) {
-        const answers = sizes.get(endpoint) ?? [];
-        expect(answers.length, endpoint).toBeGreaterThan(0);
-        expect(Math.max(...answers), endpoint).toBeLessThan(64 * 1024);
-      }
+        // The big row's preview is cut, and says by how much; a few polls later, no answer was large.
+        const payload = await page
+          .locator(`#peek tr[data-id="${bigMessage}"] td[data-col="payload"]`)
+          .textContent();
+        expect(payload).toMatch(/^\{"blob": "x+… \(1\.0 MB in all: View\)$/);
+        const polls = () => sizes.get("/console/api/peek")?.length ?? 0;
+        const seen = polls();
+        await expect.poll(polls).toBeGreaterThanOrEqual(seen + 2);
+        for (const endpoint of ["/console/api/peek", "/console/api/dead-letters", "/console/api/status"]) {
+          const answers = sizes.get(endpoint) ?? [];
+          expect(answers.length, endpoint).toBeGreaterThan(0);
+          expect(Math.max(...answers), endpoint).toBeLessThan(64 * 1024);
+        }
 
-      // View: the whole record, once, beside its row.
-      await page.locator(`#peek tr[data-id="${bigMessage}"] button[data-action="view"]`).click();
-      await expect
-        .poll(async () => (await page.locator("#detail-body").textContent())?.length ?? 0)
-        .toBeGreaterThan(BIG_CHARS);
-      expect(await boxRowAfter(page, "detail")).toBe(bigMessage);
-      expect(Math.max(...(sizes.get("/console/api/messages/<id>") ?? [0]))).toBeGreaterThan(BIG_CHARS);
-      expect(errors).toEqual([]);
-    } finally {
-      await page.close();
-    }
-  });
+        // View: the whole record, once, beside its row.
+        await page.locator(`#peek tr[data-id="${bigMessage}"] button[data-action="view"]`).click();
+        await expect
+          .poll(async () => (await page.locator("#detail-body").textContent())?.length ?? 0)
+          .toBeGreaterThan(BIG_CHARS);
+        expect(await boxRowAfter(page, "detail")).toBe(bigMessage);
+        expect(Math.max(...(sizes.get("/console/api/messages/<id>") ?? [0]))).toBeGreaterThan(BIG_CHARS);
+        expect(errors).toEqual([]);
+      } finally {
+        await page.close();
+      }
+    },
+    LONG,
+  );
 
   it("shows every bidi control as a visible mark, in every cell and in the full record", async () => {
     const console = await serve();
@@ -348,57 +358,61 @@ describe.skipIf(missing !== undefined)("console at size in a headless Chromium",
     }
   });
 
-  it("opens each confirmation and notice beside the row or form it is about, and keeps it there across polls", async () => {
-    const console = await serve();
-    const { page, errors, sizes } = await open(console);
-    try {
-      await page.fill("#token", WRITE_TOKEN);
-      await page.click("#token-save");
-      await page.fill("#dead-queue", "bulk");
-      await page.press("#dead-queue", "Enter");
-      await expect.poll(async () => (await idsOf(page, "dead"))[0]).toBe(bigDead);
-      const first = (await idsOf(page, "dead")) as string[];
-      await page.click("#dead-next");
-      await expect.poll(async () => (await idsOf(page, "dead"))[0]).not.toBe(first[0]);
-      const shown = (await idsOf(page, "dead")) as string[];
-      const target = shown[40] as string;
-      const button = page.locator(`#dead tr[data-id="${target}"] button[data-action="replay"]`);
-      await expect.poll(() => button.isEnabled()).toBe(true);
-      await button.click();
-      await expect
-        .poll(() => page.locator("#confirm-text").textContent())
-        .toMatch(/This will replay 1 dead letter into/);
-      expect(await boxRowAfter(page, "confirm")).toBe(target);
-      await expectBeside(page, `#dead tr[data-id="${target}"]`, "#confirm");
+  it(
+    "opens each confirmation and notice beside the row or form it is about, and keeps it there across polls",
+    async () => {
+      const console = await serve();
+      const { page, errors, sizes } = await open(console);
+      try {
+        await page.fill("#token", WRITE_TOKEN);
+        await page.click("#token-save");
+        await page.fill("#dead-queue", "bulk");
+        await page.press("#dead-queue", "Enter");
+        await expect.poll(async () => (await idsOf(page, "dead"))[0]).toBe(bigDead);
+        const first = (await idsOf(page, "dead")) as string[];
+        await page.click("#dead-next");
+        await expect.poll(async () => (await idsOf(page, "dead"))[0]).not.toBe(first[0]);
+        const shown = (await idsOf(page, "dead")) as string[];
+        const target = shown[40] as string;
+        const button = page.locator(`#dead tr[data-id="${target}"] button[data-action="replay"]`);
+        await expect.poll(() => button.isEnabled()).toBe(true);
+        await button.click();
+        await expect
+          .poll(() => page.locator("#confirm-text").textContent())
+          .toMatch(/This will replay 1 dead letter into/);
+        expect(await boxRowAfter(page, "confirm")).toBe(target);
+        await expectBeside(page, `#dead tr[data-id="${target}"]`, "#confirm");
 
-      // Still there after the list was rendered again by a poll.
-      const polls = sizes.get("/console/api/dead-letters")?.length ?? 0;
-      await expect
-        .poll(() => sizes.get("/console/api/dead-letters")?.length ?? 0)
-        .toBeGreaterThanOrEqual(polls + 2);
-      expect(await boxRowAfter(page, "confirm")).toBe(target);
-      await expectBeside(page, `#dead tr[data-id="${target}"]`, "#confirm");
+        // Still there after the list was rendered again by a poll.
+        const polls = sizes.get("/console/api/dead-letters")?.length ?? 0;
+        await expect
+          .poll(() => sizes.get("/console/api/dead-letters")?.length ?? 0)
+          .toBeGreaterThanOrEqual(polls + 2);
+        expect(await boxRowAfter(page, "confirm")).toBe(target);
+        await expectBeside(page, `#dead tr[data-id="${target}"]`, "#confirm");
 
-      await page.click("#confirm-yes");
-      await expect.poll(() => page.locator("#notice").textContent()).toBe("Replayed 1 dead letter.");
-      // The row is gone; the notice stands where it was: right after the row that was above it.
-      await expect.poll(() => page.locator(`#dead tr[data-id="${target}"]`).count()).toBe(0);
-      await expect.poll(() => boxRowAfter(page, "notice")).toBe(shown[39]);
-      expect(await page.locator("#confirm").isVisible()).toBe(false);
+        await page.click("#confirm-yes");
+        await expect.poll(() => page.locator("#notice").textContent()).toBe("Replayed 1 dead letter.");
+        // The row is gone; the notice stands where it was: right after the row that was above it.
+        await expect.poll(() => page.locator(`#dead tr[data-id="${target}"]`).count()).toBe(0);
+        await expect.poll(() => boxRowAfter(page, "notice")).toBe(shown[39]);
+        expect(await page.locator("#confirm").isVisible()).toBe(false);
 
-      // A form's button: the notice right after its form.
-      await page.fill("#purge-older", "30d");
-      await page.click('#purge-form button[type="submit"]');
-      await expect
-        .poll(() => page.locator("#notice").textContent())
-        .toBe("No dead letter is older than 30d.");
-      expect(await page.locator("#purge-form + #notice").count()).toBe(1);
-      await expectBeside(page, "#purge-form", "#notice");
-      expect(errors).toEqual([]);
-    } finally {
-      await page.close();
-    }
-  });
+        // A form's button: the notice right after its form.
+        await page.fill("#purge-older", "30d");
+        await page.click('#purge-form button[type="submit"]');
+        await expect
+          .poll(() => page.locator("#notice").textContent())
+          .toBe("No dead letter is older than 30d.");
+        expect(await page.locator("#purge-form + #notice").count()).toBe(1);
+        await expectBeside(page, "#purge-form", "#notice");
+        expect(errors).toEqual([]);
+      } finally {
+        await page.close();
+      }
+    },
+    LONG,
+  );
 });
 
 /** The data-id of the row right above the box's own row (a box sits in a row of its own). */
