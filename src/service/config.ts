@@ -1,6 +1,7 @@
 import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { z } from "zod";
+import { ALLOWED_HOST_PATTERN, isLoopbackHost } from "../console/host-check.js";
 import { validateQueueName } from "../contract/queue.js";
 import { validateTopicPattern } from "../contract/topic.js";
 import { relayConfigSchema } from "../relay/config.js";
@@ -123,6 +124,19 @@ const consoleSchema = z.strictObject({
     }),
   writeToken: consoleToken.optional(),
   readToken: consoleToken.optional(),
+  // Names only: an IP literal, localhost and http.host are always answered (see host-check.ts).
+  allowedHosts: z
+    .array(
+      z.string().superRefine((value, ctx) => {
+        if (!ALLOWED_HOST_PATTERN.test(value)) {
+          ctx.addIssue({
+            code: "custom",
+            message: `must be a host name without scheme or port, e.g. "ops.example.com", or ".example.com" for it and its subdomains, got ${JSON.stringify(value)}`,
+          });
+        }
+      }),
+    )
+    .default([]),
 });
 
 // Every check sits on its own field, none on the whole object: zod skips an object's refinements once
@@ -175,7 +189,7 @@ export const serviceConfigSchema = z.strictObject({
 export type ServiceConfig = z.output<typeof serviceConfigSchema>;
 export type ServiceConfigInput = z.input<typeof serviceConfigSchema>;
 
-type FieldType = "string" | "integer" | "number" | "boolean" | "json" | "enum";
+type FieldType = "string" | "integer" | "number" | "boolean" | "json" | "enum" | "list";
 
 /** One settable leaf of the config: where it lives, its environment variable, and what it is for. */
 export interface ConfigField {
@@ -336,7 +350,15 @@ export const configFields: ConfigField[] = [
     path: "console.readToken",
     env: "OUTBOX_CONSOLE_READ_TOKEN",
     type: "string",
-    description: "secret bearer token every console read needs; unset: reads are open",
+    description:
+      "secret bearer token every console read needs; unset: reads are open, allowed only when http.host is loopback",
+  },
+  {
+    path: "console.allowedHosts",
+    env: "OUTBOX_CONSOLE_ALLOWED_HOSTS",
+    type: "list",
+    description:
+      "names the console answers besides IPs, localhost and http.host; comma-separated; `.example.com` adds its subdomains",
   },
   { path: "log.level", env: "OUTBOX_LOG_LEVEL", type: "enum", description: LOG_LEVELS.join(", ") },
   {
@@ -372,6 +394,13 @@ function parseEnvValue(field: ConfigField, raw: string): { value?: unknown; prob
       if (["false", "0", "no", "off"].includes(v)) return { value: false };
       return { problem: `${where}: expected true or false, got ${JSON.stringify(raw)}` };
     }
+    case "list":
+      return {
+        value: raw
+          .split(",")
+          .map((item) => item.trim())
+          .filter((item) => item !== ""),
+      };
     case "json":
       try {
         return { value: parseJsonQuietly(raw) };
@@ -506,6 +535,11 @@ export function crossFieldProblems(config: ServiceConfig): string[] {
   if (config.console.enabled && config.http.port === undefined) {
     problems.push(
       "console.enabled (OUTBOX_CONSOLE_ENABLED): the console is served by the HTTP server: set http.port (OUTBOX_HTTP_PORT) too",
+    );
+  }
+  if (config.console.enabled && config.console.readToken === undefined && !isLoopbackHost(config.http.host)) {
+    problems.push(
+      `console.readToken (OUTBOX_CONSOLE_READ_TOKEN): required when the console is on and http.host (OUTBOX_HTTP_HOST) is ${JSON.stringify(config.http.host)}, not a loopback address: without it anyone who reaches the port reads every payload and dead letter`,
     );
   }
   return problems;

@@ -2,6 +2,7 @@ import pg from "pg";
 import type { Logger } from "pino";
 import { type ConsoleHandler, createConsole } from "../console/console.js";
 import { createHistory } from "../console/history.js";
+import { describeDatabase } from "../console/outage.js";
 import { OutboxError } from "../contract/errors.js";
 import type { Handler, QueueConfig } from "../contract/handler.js";
 import { type EmbeddedPostgresHandle, startEmbeddedPostgres } from "../embedded/embedded-postgres.js";
@@ -204,7 +205,11 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
           readToken: config.console.readToken,
           history,
           logger: log,
+          bindHost: config.http.host,
+          allowedHosts: config.console.allowedHosts,
+          database: describeDatabase(url),
         });
+        closers.push(async () => consoleHandler?.close());
       }
       const server = await startHttpServer({
         port: config.http.port,
