@@ -5,6 +5,7 @@ import { createApi, isClientError, readJsonBody } from "./api.js";
 import { type ConsoleTokens, checkRead, checkWrite, type Refusal } from "./auth.js";
 import type { History } from "./history.js";
 import { consoleHtml } from "./page-html.js";
+import { RELAYS_SCRIPT } from "./page-relays-script.js";
 import { CONSOLE_SCRIPT } from "./page-script.js";
 import { CONSOLE_STYLE } from "./page-style.js";
 import { sendJson, sendText } from "./respond.js";
@@ -16,6 +17,8 @@ export interface ConsoleOptions extends ConsoleTokens {
   /** Starts with "/", no trailing slash (validated by the config). */
   pathPrefix: string;
   history?: History;
+  /** Each built-in relay's reach (the service's `/relays` report), for the relay panel. */
+  relays?: { check(): Promise<unknown> };
   logger?: Logger;
 }
 
@@ -34,6 +37,7 @@ const ASSETS = new Map<string, { type: string; body?: string }>([
   ["/", { type: "text/html; charset=utf-8" }],
   ["/console.js", { type: "text/javascript; charset=utf-8", body: CONSOLE_SCRIPT }],
   ["/console.css", { type: "text/css; charset=utf-8", body: CONSOLE_STYLE }],
+  ["/relays.js", { type: "text/javascript; charset=utf-8", body: RELAYS_SCRIPT }],
 ]);
 
 export function createConsole(opts: ConsoleOptions): ConsoleHandler {
@@ -90,6 +94,9 @@ export function createConsole(opts: ConsoleOptions): ConsoleHandler {
       return sendJson(res, 200, await api.status(tokens.writeToken !== undefined));
     }
     if (sub === "/api/workers") return sendJson(res, 200, await api.workers());
+    if (sub === "/api/relays") {
+      return sendJson(res, 200, (await opts.relays?.check()) ?? { ok: true, relays: {} });
+    }
     if (sub === "/api/peek") return sendJson(res, 200, await api.peek(url.searchParams));
     if (sub === "/api/dead-letters") return sendJson(res, 200, await api.deadLetters(url.searchParams));
     const one = DEAD_LETTER_PATH.exec(sub);
