@@ -23,9 +23,11 @@ USER node
 ENV OUTBOX_HTTP_PORT=9464
 ENV OUTBOX_HTTP_HOST=0.0.0.0
 EXPOSE 9464
-# The CLI asks /readyz on 127.0.0.1 (no curl in the image), giving up after 3 s: healthy once the worker
-# can deliver. Services of this image that run something else (migrate, a producer) turn it off.
+# The CLI asks /readyz on 127.0.0.1 (no curl in the image), giving up after 3 s: healthy once its database
+# answers (a relay's broker does not count). Services of this image that run something else (migrate, a
+# producer) turn it off.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
   CMD ["node", "dist/cli/main.js", "healthcheck"]
+# node itself as PID 1, never npm or npx: `docker stop`'s SIGTERM must reach the worker (README: Signals).
 ENTRYPOINT ["node", "dist/cli/main.js"]
 CMD ["run", "--handlers", "examples/handlers.js"]

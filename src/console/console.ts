@@ -7,6 +7,7 @@ import type { History } from "./history.js";
 import { checkHost, checkOrigin, type HostRefusal } from "./host-check.js";
 import { unavailableReason } from "./outage.js";
 import { consoleHtml } from "./page-html.js";
+import { RELAYS_SCRIPT } from "./page-relays-script.js";
 import { CONSOLE_SCRIPT } from "./page-script.js";
 import { CONSOLE_STYLE } from "./page-style.js";
 import { createRefusalLog } from "./refusal-log.js";
@@ -20,6 +21,8 @@ export interface ConsoleOptions extends ConsoleTokens {
   /** Starts with "/", no trailing slash (validated by the config). */
   pathPrefix: string;
   history?: History;
+  /** Each built-in relay's reach (the service's `/relays` report), for the relay panel. */
+  relays?: { check(): Promise<unknown> };
   logger?: Logger;
   /** The address the HTTP server binds (http.host), default 127.0.0.1: a Host naming it is this server. */
   bindHost?: string;
@@ -49,6 +52,7 @@ const ASSETS = new Map<string, { type: string; body?: string }>([
   ["/", { type: "text/html; charset=utf-8" }],
   ["/console.js", { type: "text/javascript; charset=utf-8", body: CONSOLE_SCRIPT }],
   ["/console.css", { type: "text/css; charset=utf-8", body: CONSOLE_STYLE }],
+  ["/relays.js", { type: "text/javascript; charset=utf-8", body: RELAYS_SCRIPT }],
 ]);
 
 export function createConsole(opts: ConsoleOptions): ConsoleHandler {
@@ -139,6 +143,9 @@ export function createConsole(opts: ConsoleOptions): ConsoleHandler {
       return sendJson(res, 200, await api.status(tokens.writeToken !== undefined));
     }
     if (sub === "/api/workers") return sendJson(res, 200, await api.workers());
+    if (sub === "/api/relays") {
+      return sendJson(res, 200, (await opts.relays?.check()) ?? { ok: true, relays: {} });
+    }
     if (sub === "/api/peek") return sendJson(res, 200, await api.peek(url.searchParams));
     if (sub === "/api/dead-letters") return sendJson(res, 200, await api.deadLetters(url.searchParams));
     const message = MESSAGE_PATH.exec(sub);

@@ -33,6 +33,7 @@ export function consoleHtml(pathPrefix: string): string {
 <link rel="icon" href="data:,">
 <link rel="stylesheet" href="${base}/console.css">
 <script src="${base}/console.js" defer></script>
+<script src="${base}/relays.js" defer></script>
 </head>
 <body data-base="${base}">
 <header>
@@ -110,6 +111,14 @@ export function consoleHtml(pathPrefix: string): string {
     <tbody></tbody>
   </table>
   ${pager("dead", "Next (older) ›")}
+</section>
+<section>
+  <h2>Relays <span class="muted">(whether each built-in relay reaches its broker; not part of readiness)</span></h2>
+  <table id="relays">
+    <thead><tr><th>Queue</th><th>Type</th><th>State</th><th>Target</th><th>Last error</th></tr></thead>
+    <tbody></tbody>
+  </table>
+  <p id="relays-note" class="muted"></p>
 </section>
 </main>
 <div id="boxes" hidden>

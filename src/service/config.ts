@@ -9,6 +9,7 @@ import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
 import { parseJsonQuietly } from "../util/json-error.js";
 import { scrubSecrets } from "../util/redact.js";
 import { tuningIssues, workerTuningShape } from "../worker/options.js";
+import { SERVICE_PATHS } from "./http-server.js";
 import { importUserModule } from "./user-module.js";
 
 /**
@@ -99,9 +100,6 @@ const workerSchema = z.strictObject(workerTuningShape).superRefine((worker, ctx)
 
 /** Where the HTTP server binds unless http.host says otherwise. */
 export const DEFAULT_HTTP_HOST = "127.0.0.1";
-
-/** The paths the HTTP server serves itself: a console prefix must not shadow one of them. */
-const SERVICE_PATHS = ["/healthz", "/readyz", "/metrics"];
 
 /** A token is compared as text in an Authorization header: long enough not to be guessed. */
 const consoleToken = z.string().min(16, { message: "must be at least 16 characters (use a random token)" });
@@ -313,7 +311,7 @@ export const configFields: ConfigField[] = [
     path: "http.port",
     env: "OUTBOX_HTTP_PORT",
     type: "integer",
-    description: "port for /healthz, /readyz, /metrics and the console; unset: no HTTP server",
+    description: "port for /healthz, /readyz, /relays, /metrics and the console; unset: no HTTP server",
   },
   {
     path: "http.host",

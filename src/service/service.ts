@@ -19,6 +19,7 @@ import { loadHandlersModule, type QueueHandlers } from "./handlers-module.js";
 import { startHttpServer } from "./http-server.js";
 import { createMetrics } from "./metrics.js";
 import { createReadiness } from "./readiness.js";
+import { createRelayStatus } from "./relay-status.js";
 import { registerConfigSecrets } from "./secrets.js";
 import { checkSchema, StartupError, waitForDatabase, warnIfNotVacuumed } from "./startup.js";
 
@@ -171,9 +172,11 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
         pool,
         schema: config.schema,
         listen: config.worker.listen,
-        relays,
       });
+      // The relays' reach has an endpoint, a gauge and a console panel of its own, never readiness.
+      const relayStatus = createRelayStatus({ relays });
       metrics.observe(worker);
+      metrics.observeRelays(relayStatus);
       if (retention) metrics.observeRetention(retention);
       readiness.observe(worker);
       // /readyz turns 503 as soon as a stop begins, so a load balancer stops sending work here.
@@ -204,6 +207,7 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
           writeToken: config.console.writeToken,
           readToken: config.console.readToken,
           history,
+          relays: relayStatus,
           logger: log,
           bindHost: config.http.host,
           allowedHosts: config.console.allowedHosts,
@@ -216,6 +220,7 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
         host: config.http.host,
         metrics,
         readiness,
+        relays: relayStatus,
         logger: log,
         console: consoleHandler,
       });
@@ -234,7 +239,7 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
               }
             : false,
         },
-        `http server listening: /healthz /readyz /metrics${consoleHandler ? ` ${config.console.pathPrefix}/` : ""}`,
+        `http server listening: /healthz /readyz /relays /metrics${consoleHandler ? ` ${config.console.pathPrefix}/` : ""}`,
       );
     }
 
