@@ -117,7 +117,8 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
     }
     for (const [queue, relayConfig] of Object.entries(config.relays)) {
       const relay = await createRelay(relayConfig, {
-        logger: log.child({ relay: relayConfig.type, queue }),
+        // The relay binds its own `relay` field: binding it here too wrote the key twice in every line.
+        logger: log.child({ queue }),
         queue,
         source: defaultEventSource(url, config.schema),
       });
