@@ -5,6 +5,7 @@ import { validateQueueName } from "../contract/queue.js";
 import { validateTopicPattern } from "../contract/topic.js";
 import { relayConfigSchema } from "../relay/config.js";
 import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
+import { editDistance } from "../util/edit-distance.js";
 import { parseJsonQuietly } from "../util/json-error.js";
 import { scrubSecrets } from "../util/redact.js";
 import { tuningIssues, workerTuningShape } from "../worker/options.js";
@@ -445,22 +446,6 @@ function fieldLabel(issuePath: PropertyKey[]): string {
     (f) => dotted === f.path || dotted.startsWith(`${f.path}.`) || dotted.startsWith(`${f.path}[`),
   );
   return field ? `${dotted} (${field.env})` : dotted || "(config)";
-}
-
-function editDistance(a: string, b: string): number {
-  let prev = Array.from({ length: b.length + 1 }, (_, i) => i);
-  for (let i = 1; i <= a.length; i++) {
-    const next = [i];
-    for (let j = 1; j <= b.length; j++) {
-      next[j] = Math.min(
-        (prev[j] ?? 0) + 1,
-        (next[j - 1] ?? 0) + 1,
-        (prev[j - 1] ?? 0) + (a[i - 1] === b[j - 1] ? 0 : 1),
-      );
-    }
-    prev = next;
-  }
-  return prev[b.length] ?? 0;
 }
 
 /** A typo is the commonest config mistake: name the field we think was meant. */
