@@ -20,6 +20,7 @@ import { createMetrics } from "./metrics.js";
 import { createReadiness } from "./readiness.js";
 import { registerConfigSecrets } from "./secrets.js";
 import { checkSchema, StartupError, waitForDatabase, warnIfNotVacuumed } from "./startup.js";
+import { createUnservedQueueWatch, type UnservedQueueWatch } from "./unserved-queues.js";
 
 export interface RunningService {
   worker: Worker;
@@ -243,12 +244,30 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
       throw error;
     }
     retention?.start();
+    let unserved: UnservedQueueWatch | undefined;
+    if (config.unservedQueueWarnMs > 0) {
+      // From the database alone: right however many services serve which queues (README "Unserved queues").
+      // One short statement per interval, on the connections readiness and the gauges share.
+      unserved = createUnservedQueueWatch({
+        pool,
+        schema: config.schema,
+        warnAfterMs: config.unservedQueueWarnMs,
+        intervalMs: config.http.gaugeIntervalMs,
+        servedHere: new Set(Object.keys(queues)),
+        queryTimeoutMs,
+        logger: log,
+      });
+      unserved.start();
+      closers.push(() => (unserved as UnservedQueueWatch).stop());
+    }
     let stopping: Promise<StopResult> | undefined;
     return {
       worker,
       httpPort,
       stop: () => {
         markStopping();
+        // A stop hands rows back and holds no lease: that is not a queue left unserved.
+        void unserved?.stop();
         stopping ??= worker.stop({ timeoutMs: config.worker.stopTimeoutMs }).finally(closeAll);
         return stopping;
       },
