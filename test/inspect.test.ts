@@ -446,7 +446,7 @@ describe("outbox-worker peek", () => {
       [["--limit", "0"], "--limit must be a whole number from 1 to 1000"],
       [["--limit", "1001"], "--limit must be a whole number from 1 to 1000"],
       [["--limit", "2x"], "--limit must be a whole number from 1 to 1000"],
-      [["--frob"], "Unknown option '--frob'"],
+      [["--frob"], 'unknown option "--frob"'],
       [["extra"], 'unexpected argument "extra"'],
     ];
     const results = await Promise.all(cases.map(([args]) => cli(["peek", ...args], unreachable)));
@@ -856,7 +856,7 @@ describe("inspection commands: help, usage errors and failures", () => {
 
   it("bad flags, subcommands and arguments exit 2 with the usage line", async () => {
     const cases: [string[], string, string][] = [
-      [["status", "--frob"], "Unknown option '--frob'", "Usage: outbox-worker status"],
+      [["status", "--frob"], 'unknown option "--frob"', "Usage: outbox-worker status"],
       [["status", "now"], 'unexpected argument "now"', "Usage: outbox-worker status"],
       [["dead-letters"], 'expected list, show, replay or purge, got ""', "Usage: outbox-worker dead-letters"],
       [
@@ -866,7 +866,7 @@ describe("inspection commands: help, usage errors and failures", () => {
       ],
       [
         ["dead-letters", "list", "--dry-run"],
-        "Unknown option '--dry-run'",
+        'unknown option "--dry-run"',
         "Usage: outbox-worker dead-letters",
       ],
       [

@@ -10,7 +10,7 @@ import {
 import { MAX_LIMIT } from "../inspect/peek.js";
 import { DEFAULT_SCHEMA } from "../sql/names.js";
 import { parseDuration as parseAge } from "../util/duration.js";
-import { parseCommandArgs, UsageError, withDatabase } from "./args.js";
+import { checkCommandLine, parseCommandArgs, UsageError, withDatabase } from "./args.js";
 import { cell, formatAge, jsonCell, printJson, renderTable, safeText } from "./format.js";
 import { type CliIo, print, printError } from "./io.js";
 import { parseLimit } from "./peek-command.js";
@@ -175,22 +175,20 @@ function describe(r: DeadLetter): string {
   ].join("\n");
 }
 
+const REPLAY_OPTIONS = {
+  ...CONNECTION_OPTIONS,
+  id: { type: "string", multiple: true },
+  queue: { type: "string" },
+  reason: { type: "string" },
+  all: { type: "boolean" },
+  "dry-run": { type: "boolean" },
+  help: { type: "boolean", short: "h" },
+} as const;
+
 function parseReplayArgs(argv: string[]) {
+  checkCommandLine(argv, REPLAY_OPTIONS);
   try {
-    return parseArgs({
-      args: argv,
-      options: {
-        ...CONNECTION_OPTIONS,
-        id: { type: "string", multiple: true },
-        queue: { type: "string" },
-        reason: { type: "string" },
-        all: { type: "boolean" },
-        "dry-run": { type: "boolean" },
-        help: { type: "boolean", short: "h" },
-      },
-      allowPositionals: true,
-      strict: true,
-    });
+    return parseArgs({ args: argv, options: REPLAY_OPTIONS, allowPositionals: true, strict: true });
   } catch (error) {
     throw new UsageError((error as Error).message);
   }

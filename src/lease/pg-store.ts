@@ -110,7 +110,16 @@ async function insertingFollowUps<T>(write: () => Promise<T>): Promise<T> {
   }
 }
 
-export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
+/** The Postgres lease store, which can also be told to stop naming its statements. */
+export interface PgLeaseStore extends LeaseStore {
+  /**
+   * Every statement from now on is unnamed: a transaction-mode pooler was found before any failed.
+   * False when they already were (the option, or a lost statement seen earlier).
+   */
+  useUnnamedStatements(): boolean;
+}
+
+export function createPgLeaseStore(options: PgLeaseStoreOptions): PgLeaseStore {
   const settings = { synchronousCommit: options.synchronousCommit };
   const leaseSql = fetchStatement(options.names, settings, options.queues.length === 1);
   const sql = completeStatements(options.names, settings);
@@ -419,6 +428,12 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
   const held = <W extends { held: Delivery }>(writes: readonly W[]) => writes.map((w) => w.held);
 
   return {
+    useUnnamedStatements() {
+      const was = prepared;
+      prepared = false;
+      return was;
+    },
+
     async lease(limit, maxBytes, keep = []) {
       const token = randomUUID();
       const split = shares.split(limit);

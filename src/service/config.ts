@@ -6,6 +6,7 @@ import { validateQueueName } from "../contract/queue.js";
 import { validateTopicPattern } from "../contract/topic.js";
 import { relayConfigSchema } from "../relay/config.js";
 import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
+import { editDistance } from "../util/edit-distance.js";
 import { parseJsonQuietly } from "../util/json-error.js";
 import { scrubSecrets } from "../util/redact.js";
 import { tuningIssues, workerTuningShape } from "../worker/options.js";
@@ -168,6 +169,14 @@ export const serviceConfigSchema = z.strictObject({
       message: `must be at least ${DEAD_LETTER_RETENTION_MIN_MS} (1 hour): the value is in milliseconds, e.g. 604800000 for 7 days`,
     })
     .optional(),
+  // 0 is off. Under a second, a queue between two fetches of a busy worker could pass for unserved.
+  unservedQueueWarnMs: z
+    .number()
+    .int()
+    .min(0)
+    .max(86_400_000)
+    .refine((ms) => ms === 0 || ms >= 1000, { message: "must be 0 (off) or at least 1000 (1 s)" })
+    .default(300_000),
   worker: workerSchema.default(() => workerSchema.parse({})),
   http: z
     .strictObject({
@@ -212,7 +221,8 @@ const TUNING_DESCRIPTIONS: Record<keyof typeof workerTuningShape, string> = {
   listen: "wake on LISTEN/NOTIFY (polling always runs)",
   synchronousCommit:
     "wait for the WAL flush on the worker's own writes (off: a server crash can only redeliver)",
-  preparedStatements: "named prepared statements; false behind PgBouncer in transaction mode",
+  preparedStatements:
+    "named prepared statements, unless a transaction-mode pooler (PgBouncer) is found at start; false: never",
   queryTimeoutMs: "bound on each database round trip (default leaseTtlMs / 3, at most 10 s)",
   handlerTimeoutMs: "run time after which a handler is aborted and its attempt fails (timeout)",
   poolSize:
@@ -300,6 +310,13 @@ export const configFields: ConfigField[] = [
     type: "integer",
     description:
       "delete dead letters older than this (at least 1 hour), a few hundred rows at a time every minute; unset: kept forever",
+  },
+  {
+    path: "unservedQueueWarnMs",
+    env: "OUTBOX_UNSERVED_QUEUE_WARN_MS",
+    type: "integer",
+    description:
+      "warn once per queue whose oldest ready message waited this long with no lease on it (every gaugeIntervalMs); 0: off",
   },
   ...Object.entries(TUNING_DESCRIPTIONS).map(([key, description]) => ({
     path: `worker.${key}`,
@@ -472,22 +489,6 @@ function fieldLabel(issuePath: PropertyKey[]): string {
     (f) => dotted === f.path || dotted.startsWith(`${f.path}.`) || dotted.startsWith(`${f.path}[`),
   );
   return field ? `${dotted} (${field.env})` : dotted || "(config)";
-}
-
-function editDistance(a: string, b: string): number {
-  let prev = Array.from({ length: b.length + 1 }, (_, i) => i);
-  for (let i = 1; i <= a.length; i++) {
-    const next = [i];
-    for (let j = 1; j <= b.length; j++) {
-      next[j] = Math.min(
-        (prev[j] ?? 0) + 1,
-        (next[j - 1] ?? 0) + 1,
-        (prev[j - 1] ?? 0) + (a[i - 1] === b[j - 1] ? 0 : 1),
-      );
-    }
-    prev = next;
-  }
-  return prev[b.length] ?? 0;
 }
 
 /** A typo is the commonest config mistake: name the field we think was meant. */

@@ -22,6 +22,7 @@ import { createReadiness } from "./readiness.js";
 import { createRelayStatus } from "./relay-status.js";
 import { registerConfigSecrets } from "./secrets.js";
 import { checkSchema, StartupError, waitForDatabase, warnIfNotVacuumed } from "./startup.js";
+import { createUnservedQueueWatch, type UnservedQueueWatch } from "./unserved-queues.js";
 
 export interface RunningService {
   worker: Worker;
@@ -119,7 +120,8 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
     }
     for (const [queue, relayConfig] of Object.entries(config.relays)) {
       const relay = await createRelay(relayConfig, {
-        logger: log.child({ relay: relayConfig.type, queue }),
+        // The relay binds its own `relay` field: binding it here too wrote the key twice in every line.
+        logger: log.child({ queue }),
         queue,
         source: defaultEventSource(url, config.schema),
       });
@@ -252,12 +254,30 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
       throw error;
     }
     retention?.start();
+    let unserved: UnservedQueueWatch | undefined;
+    if (config.unservedQueueWarnMs > 0) {
+      // From the database alone: right however many services serve which queues (README "Unserved queues").
+      // One short statement per interval, on the connections readiness and the gauges share.
+      unserved = createUnservedQueueWatch({
+        pool,
+        schema: config.schema,
+        warnAfterMs: config.unservedQueueWarnMs,
+        intervalMs: config.http.gaugeIntervalMs,
+        servedHere: new Set(Object.keys(queues)),
+        queryTimeoutMs,
+        logger: log,
+      });
+      unserved.start();
+      closers.push(() => (unserved as UnservedQueueWatch).stop());
+    }
     let stopping: Promise<StopResult> | undefined;
     return {
       worker,
       httpPort,
       stop: () => {
         markStopping();
+        // A stop hands rows back and holds no lease: that is not a queue left unserved.
+        void unserved?.stop();
         stopping ??= worker.stop({ timeoutMs: config.worker.stopTimeoutMs }).finally(closeAll);
         return stopping;
       },

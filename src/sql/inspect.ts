@@ -63,6 +63,52 @@ ORDER BY 1`,
   );
 }
 
+/** A queue whose oldest ready message is older than asked, and whether any worker holds a lease on it. */
+export interface StaleQueueRow {
+  queue: string;
+  /** Seconds since its oldest ready message became deliverable (its available_at). */
+  oldest_ready_age_s: number;
+  /** Some row of the queue is under a live lease: a worker takes from it. */
+  leased: boolean;
+}
+
+export interface StaleQueuesParams {
+  /** Queues whose oldest ready message became deliverable longer ago than this. */
+  olderThanMs: number;
+}
+
+/**
+ * The queues whose oldest ready message has waited longer than `olderThanMs`, each with whether a live
+ * lease shows a worker taking from it. Index lookups only, a few per queue with ready rows: the queues
+ * are walked through the ready index (a skip scan, one probe per queue), each one's oldest ready row is
+ * the first entry of its range there, and the lease check stops at the first live lease in the leased
+ * index. It never counts the backlog, so it costs the same at 10 rows or 10 million.
+ */
+export function staleQueuesStatement(names: OutboxNames): Query<StaleQueuesParams, StaleQueueRow> {
+  return defineQuery(
+    "stale_queues",
+    `WITH RECURSIVE queues(queue) AS (
+  (SELECT queue FROM ${names.messages} WHERE acquired_token IS NULL AND head ORDER BY queue LIMIT 1)
+  UNION ALL
+  SELECT (SELECT m.queue FROM ${names.messages} AS m
+          WHERE m.acquired_token IS NULL AND m.head AND m.queue > q.queue ORDER BY m.queue LIMIT 1)
+  FROM queues AS q WHERE q.queue IS NOT NULL
+)
+SELECT q.queue, extract(epoch FROM now() - r.available_at)::float8 AS oldest_ready_age_s,
+       EXISTS (SELECT 1 FROM ${names.messages} AS l
+               WHERE l.queue = q.queue AND l.acquired_token IS NOT NULL AND l.lease_expires_at > now()) AS leased
+FROM queues AS q
+CROSS JOIN LATERAL (
+  SELECT m.available_at FROM ${names.messages} AS m
+  WHERE m.queue = q.queue AND m.acquired_token IS NULL AND m.head
+  ORDER BY m.available_at, m.id LIMIT 1
+) AS r
+WHERE q.queue IS NOT NULL AND r.available_at <= now() - make_interval(secs => $1::float8 / 1000)
+ORDER BY 1`,
+    (p) => [p.olderThanMs],
+  );
+}
+
 /** The messages table's vacuum state and size: what vacuum has left to do, and whether it will. */
 export interface TableHealthRow {
   /** Dead row versions not vacuumed yet (every message leaves about two). */

@@ -55,3 +55,14 @@ export const notifyStatement: Query<NotifyParams, unknown> = defineQuery(
   "SELECT pg_notify($1, $2)",
   (p) => [p.channel, p.payload],
 );
+
+export interface BackendPidRow {
+  pid: number;
+}
+
+/** The server process answering: compared with the one a connection announced, it tells a pooler. */
+export const backendPidStatement: Query<NoParams, BackendPidRow> = defineQuery(
+  "backend_pid",
+  "SELECT pg_backend_pid() AS pid",
+  () => [],
+);
