@@ -357,6 +357,8 @@ describe("the compose `roles` service's script, run with psql as compose runs it
       // Compose would substitute a lone $ in the command itself (its own variables): the script has none.
       expect(script.replaceAll("$$", "")).not.toContain("$");
       for (const role of roles) expect(script).toContain(`ALTER ROLE ${role} LOGIN PASSWORD`);
+      // The passwords reach psql through its environment only (\getenv), never its command line.
+      expect(script).not.toMatch(/\$\$?\{?OUTBOX_\w*PASSWORD/);
       let local = script;
       for (const role of roles) local = local.replaceAll(role, renamed(role));
       // As `grant --create` leaves them: NOLOGIN, without a password.
