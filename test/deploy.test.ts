@@ -298,8 +298,8 @@ describe("deploy/kubernetes manifests", () => {
     expect(policy.ingress.length).toBeGreaterThan(0);
     for (const rule of policy.ingress as Manifest[]) {
       // A rule without `from` admits every source, without `ports` every port.
-      expect(rule.from?.length, "each rule names its sources").toBeGreaterThan(0);
-      expect(rule.ports?.length, "each rule names its ports").toBeGreaterThan(0);
+      expect((rule.from ?? []).length, "each rule names its sources").toBeGreaterThan(0);
+      expect((rule.ports ?? []).length, "each rule names its ports").toBeGreaterThan(0);
       for (const port of rule.ports as Manifest[]) {
         expect([http?.name, http?.containerPort]).toContain(port.port);
         expect(port.protocol ?? "TCP").toBe("TCP");
