@@ -25,9 +25,9 @@ ENV OUTBOX_HTTP_HOST=0.0.0.0
 EXPOSE 9464
 # The healthcheck asks /readyz on 127.0.0.1 (no curl or wget in the image) with a 3 s wait: healthy while
 # the worker runs and reaches its database (see the README, "Docker"). A file of its own, not the CLI's
-# `healthcheck`: plain Node starts in a fraction of the time the CLI's modules take to load, which on a
-# loaded host ran past the 5 s timeout. 10 s covers a slow Node start plus the 3 s wait. Services of this
-# image that run something else (migrate, a producer) turn it off.
+# `healthcheck`, whose module graph made it 2.5 times slower to start, past the old 5 s timeout on a loaded
+# host. 10 s covers a slow Node start plus the 3 s wait. Services of this image that run something else
+# (migrate, a producer) turn it off.
 COPY deploy/docker/healthcheck.cjs ./healthcheck.cjs
 HEALTHCHECK --interval=15s --timeout=10s --start-period=60s --retries=3 \
   CMD ["node", "healthcheck.cjs"]
