@@ -403,6 +403,31 @@ describe("the compose `roles` service's script, run with psql as compose runs it
           true,
         );
       }
+      // And the worker logs in as compose starts it: a DATABASE_URL without a password, PGPASSWORD beside
+      // it (on a server that asks for passwords, as the compose one does, a wrong one is refused here).
+      const asWorker = new URL(db.url);
+      asWorker.username = renamed("outbox_worker");
+      asWorker.password = "";
+      const login = spawnSync(
+        process.execPath,
+        [
+          "-e",
+          "new (require('pg').Client)({ connectionString: process.env.DATABASE_URL }).connect().then(" +
+            "(c) => c.query('SELECT current_user AS u').then((r) => { console.log(r.rows[0].u); return c.end(); })," +
+            "(e) => { console.error(e.message); process.exit(1); })",
+        ],
+        {
+          cwd: ROOT,
+          encoding: "utf8",
+          env: {
+            PATH: process.env.PATH,
+            DATABASE_URL: asWorker.toString(),
+            PGPASSWORD: expected.outbox_worker,
+          },
+        },
+      );
+      expect(login.stderr).toBe("");
+      expect(login.stdout.trim()).toBe(renamed("outbox_worker"));
     },
   );
 });
