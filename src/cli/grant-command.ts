@@ -1,7 +1,8 @@
 import { OutboxConfigError, OutboxError } from "../contract/errors.js";
 import { migrationState } from "../migrate/migrator.js";
 import { type GrantPlan, grantScript, grantStatements, validateRoleName } from "../sql/grants.js";
-import { DEFAULT_SCHEMA } from "../sql/names.js";
+import { migrationStatements } from "../sql/migrations.js";
+import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
 import { parseCommandArgs, schemaFrom, UsageError, withDatabase } from "./args.js";
 import { type CliIo, print } from "./io.js";
 
@@ -128,6 +129,9 @@ export async function grantCommand(argv: string[], io: CliIo): Promise<number> {
     // All or nothing: a role is never left stripped of its rights and not granted the new ones.
     await client.query("BEGIN");
     try {
+      // Pods starting at once each run grant (deploy/kubernetes): two concurrent GRANTs on one table fail
+      // with "tuple concurrently updated", so they take turns, and wait for a migration in progress.
+      await client.query(migrationStatements(outboxNames(schema)).lockTransaction);
       for (const statement of grantStatements(plan)) await client.query(statement);
       await client.query("COMMIT");
     } catch (error) {
