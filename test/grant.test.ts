@@ -983,9 +983,8 @@ describe("inspector", () => {
       const result = await cli(role.inspector, args);
       expect(result.code, args.join(" ")).toBe(1);
       // Checked before anything runs, naming the option that gives the right.
-      expect(result.stderr).toContain(
-        `permission denied: the user (${role.inspector}) needs DELETE ON ${names.deadLetters}`,
-      );
+      expect(result.stderr).toContain(`permission denied: the user (${role.inspector}) needs `);
+      expect(result.stderr).toContain(`DELETE ON ${names.deadLetters}`);
       expect(result.stderr).toContain(
         `run \`outbox-worker grant --inspector ${role.inspector} --inspector-can-repair --schema ${schema}\``,
       );
