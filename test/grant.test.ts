@@ -709,6 +709,12 @@ describe("worker", () => {
         serviceEnv({ url: urlAs(role.worker), schema }, env),
       );
       try {
+        // Fails fast either way: a service that starts is not waited out.
+        const started = await p.waitFor("outbox-worker running").then(
+          () => true,
+          () => false,
+        );
+        expect(started, p.output()).toBe(false);
         expect((await p.exited).code, p.output()).toBe(1);
         expect(p.output()).toContain(
           `\`outbox-worker grant --worker ${role.worker} ${option} --schema ${schema}\``,
