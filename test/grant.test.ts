@@ -740,6 +740,24 @@ describe("worker", () => {
     }
   }, 60_000);
 
+  it("a right taken away while running is logged with the command that gives it back", async () => {
+    const logged = memoryLogger();
+    const denied = () => logged.lines.find((l) => l.msg.includes("lacks a right"));
+    await db.pool.query(`REVOKE DELETE ON ${names.messages} FROM "${role.worker}"`);
+    try {
+      await db.inTransaction((c) => outbox.publish(c, "w.revoked", { n: 1 }));
+      await workers.start({ queues: { "w.revoked": () => {} }, logger: logged.logger });
+      await until(() => denied() !== undefined, "the refused ack logged");
+      expect(denied()?.msg).toContain("run `outbox-worker grant --worker <role>` with the role's options");
+    } finally {
+      await db.pool.query(`GRANT DELETE ON ${names.messages} TO "${role.worker}"`);
+    }
+    await until(async () => {
+      const { rows } = await db.pool.query(`SELECT 1 FROM ${names.messages} WHERE queue = 'w.revoked'`);
+      return rows.length === 0;
+    }, "acked once the right is back");
+  });
+
   it("retention refused at run time says once which grant option gives the right", async () => {
     const logged = memoryLogger();
     const retention = createDeadLetterRetention({
