@@ -90,12 +90,9 @@ async function list(argv: string[], io: CliIo): Promise<number> {
     reason: values.reason as string | undefined,
     limit: parseLimit(values.limit),
   };
-  const rows = await withCheckedDatabase(
-    values,
-    io.env,
-    "outbox-dead-letters",
-    COMMAND_NEEDS.deadLetters,
-    (client, schema) => listDeadLetters(client, schema, query),
+  const needs = COMMAND_NEEDS.deadLetters;
+  const rows = await withCheckedDatabase(values, io.env, "outbox-dead-letters", needs, (client, schema) =>
+    listDeadLetters(client, schema, query),
   );
   if (values.json) printJson(io, rows);
   else if (rows.length === 0) print(io, "no dead letters");
@@ -140,22 +137,17 @@ async function show(argv: string[], io: CliIo): Promise<number> {
   if (raw === undefined) throw new UsageError("show needs the id of a dead letter");
   noPositionals(extra);
   const id = parseId(raw, "ID");
-  return withCheckedDatabase(
-    values,
-    io.env,
-    "outbox-dead-letters",
-    COMMAND_NEEDS.deadLetters,
-    async (client, schema) => {
-      const row = await getDeadLetter(client, schema, id);
-      if (!row) {
-        printError(io, `outbox-worker dead-letters: no dead letter with id ${id} in schema "${schema}"`);
-        return 1;
-      }
-      if (values.json) printJson(io, row);
-      else print(io, describe(row));
-      return 0;
-    },
-  );
+  const needs = COMMAND_NEEDS.deadLetters;
+  return withCheckedDatabase(values, io.env, "outbox-dead-letters", needs, async (client, schema) => {
+    const row = await getDeadLetter(client, schema, id);
+    if (!row) {
+      printError(io, `outbox-worker dead-letters: no dead letter with id ${id} in schema "${schema}"`);
+      return 1;
+    }
+    if (values.json) printJson(io, row);
+    else print(io, describe(row));
+    return 0;
+  });
 }
 
 function describe(r: DeadLetter): string {

@@ -73,74 +73,69 @@ export async function statusCommand(argv: string[], io: CliIo): Promise<number> 
     return 0;
   }
   if (positionals.length > 0) throw new UsageError(`unexpected argument ${JSON.stringify(positionals[0])}`);
-  return withCheckedDatabase(
-    values,
-    io.env,
-    "outbox-status",
-    COMMAND_NEEDS.status,
-    async (client, schema) => {
-      // One client, so one statement at a time: in order, and each its own snapshot.
-      const rows = await queueStatus(client, schema);
-      const workers = await workerLeases(client, schema);
-      const topics = await topicStatus(client, schema);
-      const health = await tableHealth(client, schema);
-      if (values.json) {
-        printJson(io, { queues: rows, workers, ...topics, table: health ?? null });
-        return 0;
-      }
-      const sections: string[] = [];
-      if (rows.length === 0) {
-        sections.push("no messages");
-      } else {
-        sections.push(
-          renderTable(
-            [
-              { header: "QUEUE" },
-              { header: "READY", align: right },
-              { header: "BLOCKED", align: right },
-              { header: "SCHEDULED", align: right },
-              { header: "LEASED", align: right },
-              { header: "EXPIRED", align: right },
-              { header: "DEAD", align: right },
-              { header: "OLDEST DEAD", align: right },
-              { header: "OLDEST READY", align: right },
-            ],
-            rows.map((r) => [
-              cell(r.queue),
-              String(r.ready),
-              String(r.blocked),
-              String(r.scheduled),
-              String(r.leased),
-              String(r.expired),
-              String(r.dead),
-              formatAge(r.oldest_dead_age_s),
-              formatAge(r.oldest_ready_age_s),
-            ]),
-          ),
-        );
-      }
-      if (workers.length > 0) {
-        sections.push(
-          renderTable(
-            [
-              { header: "WORKER" },
-              { header: "HELD", align: right },
-              { header: "EXPIRED", align: right },
-              { header: "OLDEST LEASE", align: right },
-            ],
-            workers.map((w) => [
-              cell(w.worker),
-              String(w.held),
-              String(w.expired),
-              formatAge(w.oldest_lease_age_s),
-            ]),
-          ),
-        );
-      }
-      sections.push(...describeTopics(topics, schema));
-      print(io, sections.join("\n\n"));
-      if (health) print(io, describeTableHealth(health));
+  const needs = COMMAND_NEEDS.status;
+  return withCheckedDatabase(values, io.env, "outbox-status", needs, async (client, schema) => {
+    // One client, so one statement at a time: in order, and each its own snapshot.
+    const rows = await queueStatus(client, schema);
+    const workers = await workerLeases(client, schema);
+    const topics = await topicStatus(client, schema);
+    const health = await tableHealth(client, schema);
+    if (values.json) {
+      printJson(io, { queues: rows, workers, ...topics, table: health ?? null });
       return 0;
-    },
-  );
+    }
+    const sections: string[] = [];
+    if (rows.length === 0) {
+      sections.push("no messages");
+    } else {
+      sections.push(
+        renderTable(
+          [
+            { header: "QUEUE" },
+            { header: "READY", align: right },
+            { header: "BLOCKED", align: right },
+            { header: "SCHEDULED", align: right },
+            { header: "LEASED", align: right },
+            { header: "EXPIRED", align: right },
+            { header: "DEAD", align: right },
+            { header: "OLDEST DEAD", align: right },
+            { header: "OLDEST READY", align: right },
+          ],
+          rows.map((r) => [
+            cell(r.queue),
+            String(r.ready),
+            String(r.blocked),
+            String(r.scheduled),
+            String(r.leased),
+            String(r.expired),
+            String(r.dead),
+            formatAge(r.oldest_dead_age_s),
+            formatAge(r.oldest_ready_age_s),
+          ]),
+        ),
+      );
+    }
+    if (workers.length > 0) {
+      sections.push(
+        renderTable(
+          [
+            { header: "WORKER" },
+            { header: "HELD", align: right },
+            { header: "EXPIRED", align: right },
+            { header: "OLDEST LEASE", align: right },
+          ],
+          workers.map((w) => [
+            cell(w.worker),
+            String(w.held),
+            String(w.expired),
+            formatAge(w.oldest_lease_age_s),
+          ]),
+        ),
+      );
+    }
+    sections.push(...describeTopics(topics, schema));
+    print(io, sections.join("\n\n"));
+    if (health) print(io, describeTableHealth(health));
+    return 0;
+  });
 }
