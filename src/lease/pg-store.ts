@@ -102,10 +102,10 @@ async function insertingFollowUps<T>(write: () => Promise<T>): Promise<T> {
     if ((error as { code?: unknown }).code !== "42501") throw error;
     throw Object.assign(
       new OutboxError(
-        `cannot insert follow-up messages: ${(error as Error).message} (the worker's role needs INSERT on messages: outbox-worker grant --worker <role> --worker-can-follow-up)`,
+        `cannot insert follow-up messages: ${(error as Error).message} (the worker's role needs INSERT on messages: outbox-worker grant --worker <role> --worker-can-follow-up, then replay this dead letter)`,
         { cause: error },
       ),
-      { code: "42501" },
+      { code: "42501", followUpsRefused: true },
     );
   }
 }
@@ -485,7 +485,9 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): PgLeaseStore {
     async deadLetter(unsorted: readonly DeadWrite[], handOff = 0) {
       const writes = byId(unsorted);
       if (writes.some((w) => w.held.key !== null)) return completeKeyed(writes, handOff, deadRound);
-      return landed(await query(sql.dead, deadParams(writes)));
+      const [row] = await query(sql.dead, deadParams(writes));
+      // Null keys: every delivery was moved.
+      return row?.keys ? landedByKey(new Set(row.keys), key) : allLanded(writes.length);
     },
 
     async release(deliveries) {

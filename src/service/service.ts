@@ -4,12 +4,14 @@ import { type ConsoleHandler, createConsole } from "../console/console.js";
 import { createHistory } from "../console/history.js";
 import { describeDatabase } from "../console/outage.js";
 import { OutboxError } from "../contract/errors.js";
+import { FOLLOW_UPS_REFUSED } from "../contract/follow-up.js";
 import type { Handler, QueueConfig } from "../contract/handler.js";
 import { type EmbeddedPostgresHandle, startEmbeddedPostgres } from "../embedded/embedded-postgres.js";
 import { migrate } from "../migrate/migrator.js";
 import { defaultEventSource } from "../relay/cloudevents.js";
 import { createRelay } from "../relay/create-relay.js";
 import type { Relay } from "../relay/relay.js";
+import type { GrantOption } from "../sql/grants.js";
 import { redactConnectionString, registerUrlSecrets } from "../util/redact.js";
 import { defaultQueryTimeoutMs } from "../worker/options.js";
 import { createWorker, type StopResult, type Worker } from "../worker/worker.js";
@@ -109,7 +111,21 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
       const result = await migrate({ connection: url, schema: config.schema });
       log.info({ applied: result.applied.map((m) => m.name), version: result.version }, "migrations checked");
     }
-    await checkSchema({ pool, schema: config.schema });
+    // The rights of what this service is configured to do, each missing one named with its grant option.
+    // Follow-ups cannot be known before a handler returns one: checked, said once, never required.
+    const need: GrantOption[] = ["--worker"];
+    if (config.deadLetterRetentionMs !== undefined) need.push("--worker-can-expire");
+    if (declaresSubscriptions(handlers, config)) need.push("--worker-can-subscribe");
+    const optional = (
+      ["--worker-can-follow-up", "--worker-can-expire", "--worker-can-subscribe"] as const
+    ).filter((o) => !need.includes(o));
+    const rights = await checkSchema({ pool, schema: config.schema, need, optional });
+    if (rights.missingOptional.includes("--worker-can-follow-up")) {
+      log.info(
+        { role: rights.role },
+        `follow-ups off: this role may not insert messages, so a handler's follow-ups are refused and its message is dead-lettered (${FOLLOW_UPS_REFUSED}); outbox-worker grant --worker ${rights.role} --worker-can-follow-up allows them`,
+      );
+    }
     await warnIfNotVacuumed(pool, config.schema, log);
 
     const relays: Record<string, Relay> = {};
@@ -286,6 +302,16 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
     await closeAll();
     throw error;
   }
+}
+
+/** Whether any served queue declares subscriptions (applied at start, which needs --worker-can-subscribe). */
+function declaresSubscriptions(handlers: QueueHandlers, config: ServiceConfig): boolean {
+  const declared = (list: readonly unknown[] | undefined) => (list?.length ?? 0) > 0;
+  return (
+    Object.values(config.subscriptions).some(declared) ||
+    Object.values(config.relays).some((r) => declared(r.subscribe)) ||
+    Object.values(handlers).some((e) => typeof e !== "function" && declared(e.subscribe))
+  );
 }
 
 /** A queue's entry with the config's `subscriptions` for it added to its own `subscribe` (the worker dedupes). */

@@ -32,7 +32,8 @@ export interface QueueStatusRow {
 
 /**
  * Per-queue counts by state, plus dead letters. A plain aggregate: it takes no row lock and no lease, so
- * it never slows the worker beyond the read itself. It scans the backlog, so it is run every few seconds,
+ * it never slows the worker beyond the read itself. A lease is told by acquired_at (null exactly when the
+ * token is: messages_lease_complete), so an inspector reads no token. It scans the backlog, so it is run every few seconds,
  * not per message.
  */
 export function queueStatusStatement(names: OutboxNames): Query<NoParams, QueueStatusRow> {
@@ -40,13 +41,13 @@ export function queueStatusStatement(names: OutboxNames): Query<NoParams, QueueS
     "queue_status",
     `WITH m AS (
   SELECT queue,
-         count(*) FILTER (WHERE acquired_token IS NULL AND head AND available_at <= now())::int AS ready,
-         count(*) FILTER (WHERE acquired_token IS NULL AND NOT head)::int AS blocked,
-         count(*) FILTER (WHERE acquired_token IS NULL AND head AND available_at > now())::int AS scheduled,
-         count(*) FILTER (WHERE acquired_token IS NOT NULL AND lease_expires_at > now())::int AS leased,
-         count(*) FILTER (WHERE acquired_token IS NOT NULL AND lease_expires_at <= now())::int AS expired,
+         count(*) FILTER (WHERE acquired_at IS NULL AND head AND available_at <= now())::int AS ready,
+         count(*) FILTER (WHERE acquired_at IS NULL AND NOT head)::int AS blocked,
+         count(*) FILTER (WHERE acquired_at IS NULL AND head AND available_at > now())::int AS scheduled,
+         count(*) FILTER (WHERE acquired_at IS NOT NULL AND lease_expires_at > now())::int AS leased,
+         count(*) FILTER (WHERE acquired_at IS NOT NULL AND lease_expires_at <= now())::int AS expired,
          extract(epoch FROM now() - min(available_at)
-                 FILTER (WHERE acquired_token IS NULL AND head AND available_at <= now()))::float8 AS oldest_ready_age_s
+                 FILTER (WHERE acquired_at IS NULL AND head AND available_at <= now()))::float8 AS oldest_ready_age_s
   FROM ${names.messages}
   GROUP BY queue
 ), d AS (
@@ -153,15 +154,17 @@ export interface WorkerLeasesRow {
   oldest_lease_age_s: number;
 }
 
-/** Per worker: rows leased, expired leases, oldest lease. Reads the leased rows only (messages_leased_idx). */
+/**
+ * Per worker: rows leased, expired leases, oldest lease. Reads the leased rows only, through the `leases`
+ * view (migration 0015: messages_leased_idx, and no token for whoever reads it).
+ */
 export function workerLeasesStatement(names: OutboxNames): Query<NoParams, WorkerLeasesRow> {
   return defineQuery(
     "worker_leases",
     `SELECT COALESCE(acquired_by, '?') AS worker, count(*)::int AS held,
        count(*) FILTER (WHERE lease_expires_at <= now())::int AS expired,
        extract(epoch FROM now() - min(acquired_at))::float8 AS oldest_lease_age_s
-FROM ${names.messages}
-WHERE acquired_token IS NOT NULL
+FROM ${names.leases}
 GROUP BY 1
 ORDER BY 1`,
     () => [],
