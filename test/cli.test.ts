@@ -81,6 +81,39 @@ describe("outbox-worker CLI", () => {
     expect(help.stdout).toContain("Usage: outbox-worker migrate");
   });
 
+  it("says what is wrong with a flag in one line of its own, balanced quotes, then the usage", async () => {
+    const { runUsage } = await import("../src/cli/run-command.js");
+    const run = await cli(["run", "--nosuchflag"]);
+    expect(run.code).toBe(2);
+    expect(run.stderr).toBe(`outbox-worker run: unknown option "--nosuchflag"\n\n${runUsage}\n`);
+    // Every kind of flag mistake, in the commands' own parser and in replay's (which takes --id twice).
+    const cases: [string[], string][] = [
+      [["run", "-x"], 'outbox-worker run: unknown option "-x"'],
+      [
+        ["run", "--handler", "h.js"],
+        'outbox-worker run: unknown option "--handler" (did you mean --handlers?)',
+      ],
+      [["run", "--schema"], "outbox-worker run: --schema needs a value"],
+      [["run", "--migrate=yes"], 'outbox-worker run: --migrate takes no value, got "--migrate=yes"'],
+      [
+        ["run", "--schema", "--migrate"],
+        'outbox-worker run: --schema needs a value, got the option "--migrate" (if that is the value, write --schema=--migrate)',
+      ],
+      [["status", "--jsno"], 'outbox-worker status: unknown option "--jsno" (did you mean --json?)'],
+      [
+        ["dead-letters", "replay", "--id", "1", "--ids", "2"],
+        'outbox-worker dead-letters: unknown option "--ids" (did you mean --id?)',
+      ],
+      [["dead-letters", "replay", "--id"], "outbox-worker dead-letters: --id needs a value"],
+    ];
+    for (const [args, line] of cases) {
+      const out = await cli(args);
+      expect(out.code, args.join(" ")).toBe(2);
+      expect(out.stderr.split("\n")[0]).toBe(line);
+      expect(out.stderr).toContain(`\n\nUsage: outbox-worker ${args[0]}`);
+    }
+  });
+
   it("trigger enable/status/disable", async () => {
     const schema = db.freshSchema("trg");
     await cli(["migrate", "--schema", schema], { DATABASE_URL: db.url });

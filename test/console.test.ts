@@ -1,3 +1,4 @@
+import { request } from "node:http";
 import { networkInterfaces } from "node:os";
 import path from "node:path";
 import type { Logger } from "pino";
@@ -66,6 +67,35 @@ async function post(url: string, body: unknown, token?: string) {
   return { status: res.status, text: await res.text() };
 }
 
+/** A request with headers fetch will not set (Host) or sets itself; answers status, headers and body. */
+function raw(
+  base: string,
+  path: string,
+  headers: Record<string, string>,
+  method = "GET",
+  body?: string,
+): Promise<{ status: number; headers: Record<string, unknown>; text: string }> {
+  const url = new URL(path, base);
+  return new Promise((resolve, reject) => {
+    const req = request(
+      { host: url.hostname, port: url.port, path: url.pathname + url.search, method, headers },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on("data", (c: Buffer) => chunks.push(c));
+        res.on("end", () =>
+          resolve({
+            status: res.statusCode ?? 0,
+            headers: res.headers,
+            text: Buffer.concat(chunks).toString("utf8"),
+          }),
+        );
+      },
+    );
+    req.on("error", reject);
+    req.end(body);
+  });
+}
+
 async function problemsOf(env: Record<string, string>): Promise<string[]> {
   try {
     await loadServiceConfig({ env });
@@ -88,7 +118,7 @@ async function rowCounts(id: string) {
 describe("console config", () => {
   it("is off by default, binds 127.0.0.1 by default, and refuses bad settings naming the field", async () => {
     const config = await loadServiceConfig({ env: {} });
-    expect(config.console).toEqual({ enabled: false, pathPrefix: "/console" });
+    expect(config.console).toEqual({ enabled: false, pathPrefix: "/console", allowedHosts: [] });
     expect(config.http.host).toBe("127.0.0.1");
 
     expect(await problemsOf({ OUTBOX_CONSOLE_ENABLED: "true" })).toEqual([
@@ -108,6 +138,19 @@ describe("console config", () => {
     ]);
     // The refused value is a secret: never quoted back.
     expect(short.join("\n")).not.toContain("short-secret");
+
+    // Allowed host names: comma-separated in the environment; names only, no scheme, port or pattern.
+    const hosts = await loadServiceConfig({
+      env: { OUTBOX_CONSOLE_ALLOWED_HOSTS: " ops.example.com, .Corp.example ,," },
+    });
+    expect(hosts.console.allowedHosts).toEqual(["ops.example.com", ".Corp.example"]);
+    for (const bad of ["https://ops.example.com", "ops.example.com:443", "*.example.com", "a b", "ops/x"]) {
+      expect(await problemsOf({ OUTBOX_CONSOLE_ALLOWED_HOSTS: bad }), bad).toEqual([
+        expect.stringMatching(
+          /^console\.allowedHosts\[0\] \(OUTBOX_CONSOLE_ALLOWED_HOSTS\): must be a host name without scheme or port/,
+        ),
+      ]);
+    }
   });
 });
 
@@ -184,9 +227,9 @@ describe("console over HTTP", () => {
 
   it("serves the page, script and style with a strict CSP, and open reads of the seeded state", async () => {
     const { base } = await serve({ enabled: true, writeToken: WRITE_TOKEN });
-    expect((await fetch(`${base}/console`, { redirect: "manual" })).headers.get("location")).toBe(
-      "/console/",
-    );
+    const redirect = await fetch(`${base}/console`, { redirect: "manual" });
+    expect(redirect.headers.get("location")).toBe("/console/");
+    expect(redirect.headers.get("content-security-policy")).toContain("default-src 'none'");
     const page = await get(`${base}/console/`);
     expect(page.status).toBe(200);
     expect(page.headers.get("content-type")).toMatch(/^text\/html/);
@@ -247,19 +290,26 @@ describe("console over HTTP", () => {
         },
       ],
     });
+    // Lists are pages ({ rows, next }) of previews; the whole record (headers too) is asked for by id.
     const kept = JSON.parse(
       (await get(`${base}/console/api/dead-letters?queue=refund.requested&reason=no_subscribers`)).text,
     );
-    expect(kept.map((d: { headers: Record<string, string> }) => d.headers["outbox-topic"])).toEqual([
-      "refund.requested",
-      "refund.requested",
-    ]);
+    expect(kept.next).toBeNull();
+    expect(kept.rows).toHaveLength(2);
+    for (const { id } of kept.rows as { id: string }[]) {
+      const whole = JSON.parse((await get(`${base}/console/api/dead-letters/${id}`)).text);
+      expect(whole.headers["outbox-topic"]).toBe("refund.requested");
+    }
     const peek = JSON.parse((await get(`${base}/console/api/peek?queue=orders&state=ready`)).text);
-    expect(peek).toHaveLength(SEEDED_COUNTS.orders.ready);
+    expect(peek.rows).toHaveLength(SEEDED_COUNTS.orders.ready);
+    const message = JSON.parse((await get(`${base}/console/api/messages/${peek.rows[0].id}`)).text);
+    expect(message).toMatchObject({ id: peek.rows[0].id, queue: "orders", state: "ready" });
+    expect(message.payload).toEqual(JSON.parse(peek.rows[0].payload_preview));
+    expect((await get(`${base}/console/api/messages/999999999`)).status).toBe(404);
     const rejected = JSON.parse(
       (await get(`${base}/console/api/dead-letters?queue=orders&reason=rejected`)).text,
     );
-    expect(rejected.map((d: { id: string }) => d.id)).toEqual([ids.hostile]);
+    expect(rejected.rows.map((d: { id: string }) => d.id)).toEqual([ids.hostile]);
     const one = JSON.parse((await get(`${base}/console/api/dead-letters/${ids.hostile}`)).text);
     expect(one).toMatchObject({ id: ids.hostile, payload: HOSTILE_PAYLOAD, error: HOSTILE_ERROR });
     expect((await get(`${base}/console/api/dead-letters/999999999`)).status).toBe(404);
@@ -306,13 +356,16 @@ describe("console over HTTP", () => {
       "/api/peek",
       "/api/dead-letters",
       `/api/dead-letters/${ids.hostile}`,
+      `/api/messages/${ids.others[0]}`,
     ]) {
       const none = await get(`${base}/console${p}`);
       expect(none.status, p).toBe(401);
       expect(none.headers.get("www-authenticate"), p).toMatch(/^Bearer/);
       expect((await get(`${base}/console${p}`, "wrong-token-0123456789")).status, p).toBe(403);
-      expect((await get(`${base}/console${p}`, READ_TOKEN)).status, p).toBe(200);
-      expect((await get(`${base}/console${p}`, WRITE_TOKEN)).status, p).toBe(200);
+      // A dead letter's id is no message's: 404, past the token check.
+      const expected = p.startsWith("/api/messages/") ? 404 : 200;
+      expect((await get(`${base}/console${p}`, READ_TOKEN)).status, p).toBe(expected);
+      expect((await get(`${base}/console${p}`, WRITE_TOKEN)).status, p).toBe(expected);
     }
   });
 
@@ -366,7 +419,173 @@ describe("console over HTTP", () => {
     const everything = [...bodies, ...lines.map((l: LogLine) => JSON.stringify(l))].join("\n");
     expect(everything).not.toContain(WRITE_TOKEN);
     expect(everything).not.toContain(READ_TOKEN);
-    expect(lines.some((l) => l.msg === "console write")).toBe(true);
+    // Each real write is logged with the client's address and what it asked for and did; dry runs are not.
+    const writes = lines.filter((l) => l.msg === "console replay" || l.msg === "console purge");
+    expect(writes).toEqual([
+      expect.objectContaining({
+        msg: "console replay",
+        client: expect.stringMatching(/127\.0\.0\.1$/),
+        asked: { ids: [target] },
+        replayed: 1,
+        queues: [{ queue: "mail", replayed: 1, skipped: 0 }],
+      }),
+      expect.objectContaining({
+        msg: "console purge",
+        client: expect.stringMatching(/127\.0\.0\.1$/),
+        asked: { olderThan: "1d", queue: "orders" },
+        purged: 1,
+      }),
+    ]);
+  });
+});
+
+describe("console against DNS rebinding and cross-origin writes", () => {
+  it("answers only Hosts that name this server: IPs, localhost, http.host and console.allowedHosts", async () => {
+    const { lines, logger } = memoryLogger();
+    const { service, base } = await serve(
+      { enabled: true, allowedHosts: ["ops.example.com", ".corp.example"] },
+      logger,
+    );
+    const port = service.httpPort;
+    // A page at evil.example whose name now resolves to 127.0.0.1: the browser sends its own name.
+    for (const p of ["/console/api/peek", "/console/api/status", "/console/api/dead-letters", "/console/"]) {
+      const res = await raw(base, p, { host: `evil.example:${port}` });
+      expect(res.status, p).toBe(403);
+      expect(res.headers["content-security-policy"], p).toContain("default-src 'none'");
+      expect(JSON.parse(res.text).error, p).toMatch(
+        /does not answer to the host "evil\.example": add it to console\.allowedHosts \(OUTBOX_CONSOLE_ALLOWED_HOSTS\)/,
+      );
+      expect(res.text, p).not.toContain("order");
+    }
+    for (const host of [
+      "ops.example.com.evil.example",
+      "evil-ops.example.com",
+      "corp.example.evil",
+      "localhost.evil.example",
+    ]) {
+      expect((await raw(base, "/console/api/peek", { host })).status, host).toBe(403);
+    }
+    for (const host of [
+      `127.0.0.1:${port}`,
+      `localhost:${port}`,
+      `LOCALHOST.:${port}`,
+      `[::1]:${port}`,
+      `10.1.2.3:${port}`,
+      "ops.example.com",
+      `OPS.example.com:${port}`,
+      "corp.example",
+      "a.b.corp.example:443",
+    ]) {
+      expect((await raw(base, "/console/api/peek", { host })).status, host).toBe(200);
+    }
+    // The refusals are logged once per client and minute, with the client's address.
+    const refused = lines.filter((l) => l.msg === "console refused a host");
+    expect(refused).toEqual([
+      expect.objectContaining({ client: expect.stringMatching(/127\.0\.0\.1$/), status: 403, suppressed: 0 }),
+    ]);
+  });
+
+  it("refuses a write whose Origin is not the console's own page, before any token check", async () => {
+    const { base, service } = await serve({ enabled: true, writeToken: WRITE_TOKEN });
+    const port = service.httpPort as number;
+    const target = ids.hostile;
+    const replay = (origin: string | undefined, dryRun = false) =>
+      raw(
+        base,
+        "/console/api/dead-letters/replay",
+        {
+          host: `127.0.0.1:${port}`,
+          "content-type": "application/json",
+          authorization: `Bearer ${WRITE_TOKEN}`,
+          ...(origin ? { origin } : {}),
+        },
+        "POST",
+        JSON.stringify({ ids: [target], dryRun }),
+      );
+    for (const origin of [
+      "http://evil.example",
+      `http://evil.example:${port}`,
+      `http://127.0.0.1:${port + 1}`,
+      "null",
+    ]) {
+      const res = await replay(origin);
+      expect(res.status, origin).toBe(403);
+      expect(JSON.parse(res.text).error, origin).toMatch(/only the console's own page may write/);
+    }
+    expect(await rowCounts(target)).toEqual({ m: 0, d: 1 });
+    expect((await replay(`http://127.0.0.1:${port}`, true)).status).toBe(200);
+    // No Origin (curl, a script): the token decides alone.
+    expect((await replay(undefined, true)).status).toBe(200);
+  });
+
+  it("bound to a non-loopback address, refuses to start without a read token, in one line", async () => {
+    const env = {
+      OUTBOX_HTTP_PORT: "9464",
+      OUTBOX_HTTP_HOST: "0.0.0.0",
+      OUTBOX_CONSOLE_ENABLED: "true",
+      OUTBOX_CONSOLE_WRITE_TOKEN: WRITE_TOKEN,
+    };
+    expect(await problemsOf(env)).toEqual([
+      expect.stringMatching(
+        /^console\.readToken \(OUTBOX_CONSOLE_READ_TOKEN\): required when the console is on and http\.host \(OUTBOX_HTTP_HOST\) is "0\.0\.0\.0", not a loopback address/,
+      ),
+    ]);
+    for (const host of ["::", "10.0.0.5", "worker.internal"]) {
+      expect(await problemsOf({ ...env, OUTBOX_HTTP_HOST: host }), host).toHaveLength(1);
+    }
+    for (const host of ["127.0.0.1", "127.0.0.2", "::1", "localhost"]) {
+      await expect(
+        loadServiceConfig({ env: { ...env, OUTBOX_HTTP_HOST: host } }),
+        host,
+      ).resolves.toBeDefined();
+    }
+    await expect(
+      loadServiceConfig({ env: { ...env, OUTBOX_CONSOLE_READ_TOKEN: READ_TOKEN } }),
+    ).resolves.toBeDefined();
+    await expect(serve({ enabled: true }, undefined, "0.0.0.0")).rejects.toThrow(/console\.readToken/);
+
+    // `run` says it in one line and exits 2 before connecting; neither token is printed.
+    const result = await runCli(["run", "--handlers", "test/fixtures/handlers.ts"], {
+      ...process.env,
+      DATABASE_URL: db.url,
+      OUTBOX_SCHEMA: db.schema,
+      ...env,
+    });
+    expect(result.code).toBe(2);
+    expect(result.stderr.split("\n").filter((l) => l.includes("console.readToken"))).toHaveLength(1);
+    expect(result.stdout + result.stderr).not.toContain(WRITE_TOKEN);
+
+    // With a read token it starts on 0.0.0.0, and reads need it.
+    const { base } = await serve({ enabled: true, readToken: READ_TOKEN }, undefined, "0.0.0.0");
+    expect((await get(`${base}/console/api/status`)).status).toBe(401);
+    expect((await get(`${base}/console/api/status`, READ_TOKEN)).status).toBe(200);
+  });
+
+  it("logs refused tokens with the client's address, at most one line a minute per client, never the token", async () => {
+    const { lines, logger } = memoryLogger();
+    const { base } = await serve({ enabled: true, readToken: READ_TOKEN, writeToken: WRITE_TOKEN }, logger);
+    const guesses = Array.from({ length: 6 }, (_, i) => `guess-${i}-0123456789abcdef`);
+    for (const guess of guesses) {
+      expect((await get(`${base}/console/api/peek`, guess)).status).toBe(403);
+    }
+    // The read token offered for a write is a refused token too; no token at all is not an attempt.
+    expect(
+      (await post(`${base}/console/api/dead-letters/purge`, { olderThan: "1d" }, READ_TOKEN)).status,
+    ).toBe(403);
+    expect((await get(`${base}/console/api/peek`)).status).toBe(401);
+    const refused = lines.filter((l) => l.msg.startsWith("console refused a token"));
+    expect(refused).toEqual([
+      expect.objectContaining({
+        client: expect.stringMatching(/127\.0\.0\.1$/),
+        method: "GET",
+        path: "/console/api/peek",
+        status: 403,
+        error: "wrong token",
+        suppressed: 0,
+      }),
+    ]);
+    const everything = lines.map((l) => JSON.stringify(l)).join("\n");
+    for (const secret of [...guesses, READ_TOKEN, WRITE_TOKEN]) expect(everything).not.toContain(secret);
   });
 });
 
@@ -416,7 +635,7 @@ describe.skipIf(missing !== undefined)("console in a headless Chromium", () => {
         .toContain("<script>window.__pwned=1</script><img src=x onerror=");
       expect(await hostile.locator('td[data-col="error"]').textContent()).toBe(HOSTILE_ERROR);
       await hostile.locator('button[data-action="view"]').click();
-      await expect.poll(() => page.locator("#dead-detail-body").textContent()).toContain("window.__pwned=1");
+      await expect.poll(() => page.locator("#detail-body").textContent()).toContain("window.__pwned=1");
       expect(await page.locator("main script, main img, main b").count()).toBe(0);
       expect(await page.evaluate(() => (globalThis as { __pwned?: number }).__pwned)).toBeUndefined();
 

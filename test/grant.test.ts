@@ -2,11 +2,15 @@ import { randomBytes, randomUUID } from "node:crypto";
 import path from "node:path";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { followUp } from "../src/contract/follow-up.js";
+import { FOLLOW_UPS_REFUSED, followUp } from "../src/contract/follow-up.js";
 import { PermanentError, TransientError } from "../src/contract/handler-errors.js";
+import { listDeadLetters, purgeDeadLetters, replayDeadLetters } from "../src/inspect/dead-letters.js";
+import { peekMessages } from "../src/inspect/peek.js";
+import { queueStatus, workerLeases } from "../src/inspect/status.js";
 import { tableHealth } from "../src/inspect/table-health.js";
-import { migrate } from "../src/migrate/migrator.js";
+import { migrate, migrationState } from "../src/migrate/migrator.js";
 import { constant } from "../src/retry/strategies.js";
+import { createDeadLetterRetention } from "../src/service/dead-letter-retention.js";
 import { checkSchema, warnIfNotVacuumed } from "../src/service/startup.js";
 import { completeStatements } from "../src/sql/complete.js";
 import { expireDeadLettersStatement } from "../src/sql/dead-letters.js";
@@ -18,6 +22,7 @@ import {
   PRODUCER_SELECT_COLUMNS,
   REPAIR_INSERT_COLUMNS,
   SUBSCRIBE_COLUMNS,
+  WORKER_UPDATE_COLUMNS,
 } from "../src/sql/grants.js";
 import { repairKeyHeadsStatement } from "../src/sql/key-heads.js";
 import { produceStatements } from "../src/sql/produce.js";
@@ -25,6 +30,7 @@ import { listSubscriptions, subscribe, subscribersOf, unsubscribe } from "../src
 import { runCli } from "./helpers/cli-in-process.js";
 import { serviceEnv, startCli } from "./helpers/cli-process.js";
 import { testDatabase } from "./helpers/database.js";
+import { memoryLogger } from "./helpers/memory-logger.js";
 import { shippedMigrationsUpTo, versionsAfter } from "./helpers/migrations.js";
 import { nextEvent, publisherFor, until, workerFactory } from "./helpers/worker.js";
 
@@ -193,20 +199,22 @@ describe("outbox-worker grant: what each role holds", () => {
     const workerRights = [
       "schema: USAGE",
       "messages: SELECT",
-      "messages: UPDATE",
+      ...columns("messages", WORKER_UPDATE_COLUMNS, "UPDATE"),
       "messages: DELETE",
       "dead_letters: SELECT",
-      "dead_letters: INSERT",
-      "dead_letters: UPDATE",
+      "leases: SELECT",
       "schema_migrations: SELECT",
       "ack_keyed: EXECUTE",
       "ack_key_heads: EXECUTE",
       "promote_heads: EXECUTE",
       "promote_heads_after: EXECUTE",
+      "dead_letter: EXECUTE",
       "topic_queues: EXECUTE",
     ];
     expect(await privilegesOf(role.worker)).toEqual([...workerRights].sort());
-    expect(await privilegesOf(role.expirer)).toEqual([...workerRights, "dead_letters: DELETE"].sort());
+    expect(await privilegesOf(role.expirer)).toEqual(
+      [...workerRights, "expire_dead_letters: EXECUTE"].sort(),
+    );
     expect(await privilegesOf(role.chainer)).toEqual(
       [...workerRights, ...columns("messages", PRODUCER_INSERT_COLUMNS, "INSERT")].sort(),
     );
@@ -220,7 +228,9 @@ describe("outbox-worker grant: what each role holds", () => {
     );
     const inspectorRights = [
       "schema: USAGE",
+      "schema_migrations: SELECT",
       "unprocessed: SELECT",
+      "leases: SELECT",
       "dead_letters: SELECT",
       ...columns("messages", INSPECTOR_SELECT_COLUMNS, "SELECT"),
       "subscriptions: SELECT",
@@ -252,7 +262,13 @@ describe("outbox-worker grant: what each role holds", () => {
       "SELECT proname FROM pg_proc WHERE pronamespace = $1::regnamespace AND prosecdef ORDER BY 1",
       [schema],
     );
-    expect(definers.map((f) => f.proname)).toEqual(["fan_out", "route_unrouted", "topic_queues"]);
+    expect(definers.map((f) => f.proname)).toEqual([
+      "dead_letter",
+      "expire_dead_letters",
+      "fan_out",
+      "route_unrouted",
+      "topic_queues",
+    ]);
   });
 });
 
@@ -352,6 +368,65 @@ describe("upgrading a schema whose rights were granted", () => {
         `"${upgraded}".promote_heads_after(text[], text[], bigint[], integer, uuid, double precision, text)`,
       );
     });
+  });
+});
+
+describe("upgrading to the narrower rights (migration 0015)", () => {
+  it("keeps roles granted before working until grant runs again, which narrows them", async () => {
+    const upgraded = `${schema}_narrow`;
+    const w = role.worker;
+    const i = role.inspector;
+    await db.pool.query(`DROP SCHEMA IF EXISTS "${upgraded}" CASCADE`);
+    try {
+      await migrate({
+        connection: db.pool,
+        schema: upgraded,
+        migrationsDir: await shippedMigrationsUpTo(14),
+      });
+      const s = `"${upgraded}"`;
+      // What `grant` of the release before 0015 gave.
+      await db.pool.query(`REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ${s} FROM PUBLIC;
+        GRANT USAGE ON SCHEMA ${s} TO "${w}", "${i}";
+        GRANT SELECT, UPDATE, DELETE ON ${s}.messages TO "${w}";
+        GRANT SELECT, INSERT, UPDATE ON ${s}.dead_letters TO "${w}";
+        GRANT SELECT ON ${s}.schema_migrations TO "${w}";
+        GRANT SELECT (id, queue, head, available_at, acquired_at, acquired_token, acquired_by, lease_expires_at)
+          ON ${s}.messages TO "${i}";
+        GRANT SELECT ON ${s}.unprocessed, ${s}.dead_letters TO "${i}"`);
+      expect(
+        (await migrate({ connection: db.pool, schema: upgraded })).applied.map((m) => m.version),
+      ).toEqual([15]);
+      const may = async (sql: string, ...args: string[]) =>
+        (await db.pool.query<{ ok: boolean }>(`SELECT ${sql} AS ok`, args)).rows[0]?.ok;
+      const move = `${s}.dead_letter(bigint[], uuid[], text[], text[], integer[], integer[], integer, boolean)`;
+      const expire = `${s}.expire_dead_letters(double precision, integer)`;
+      // The new code's objects, to whoever could do the same before; nobody else, PUBLIC included.
+      expect(await may("has_function_privilege($1, $2, 'EXECUTE')", w, move)).toBe(true);
+      expect(await may("has_function_privilege($1, $2, 'EXECUTE')", i, move)).toBe(false);
+      expect(await may("has_function_privilege($1, $2, 'EXECUTE')", role.producer, move)).toBe(false);
+      expect(await may("has_function_privilege($1, $2, 'EXECUTE')", w, expire)).toBe(false);
+      expect(await may("has_table_privilege($1, $2, 'SELECT')", w, `${s}.leases`)).toBe(true);
+      expect(await may("has_table_privilege($1, $2, 'SELECT')", i, `${s}.leases`)).toBe(true);
+      expect(await may("has_table_privilege($1, $2, 'SELECT')", i, `${s}.schema_migrations`)).toBe(true);
+      expect(await may("has_table_privilege($1, $2, 'SELECT')", role.producer, `${s}.leases`)).toBe(false);
+      // The old rights stay until grant runs again.
+      expect(await may("has_column_privilege($1, $2, 'payload', 'UPDATE')", w, `${s}.messages`)).toBe(true);
+      const owner = { PATH: process.env.PATH, DATABASE_URL: db.url };
+      const again = await runCli(["grant", "--schema", upgraded, "--worker", w, "--inspector", i], owner);
+      expect(again, again.stderr).toMatchObject({ code: 0 });
+      expect(await may("has_column_privilege($1, $2, 'payload', 'UPDATE')", w, `${s}.messages`)).toBe(false);
+      expect(await may("has_column_privilege($1, $2, 'acquired_token', 'UPDATE')", w, `${s}.messages`)).toBe(
+        true,
+      );
+      expect(await may("has_table_privilege($1, $2, 'INSERT')", w, `${s}.dead_letters`)).toBe(false);
+      expect(await may("has_table_privilege($1, $2, 'UPDATE')", w, `${s}.dead_letters`)).toBe(false);
+      expect(await may("has_function_privilege($1, $2, 'EXECUTE')", w, move)).toBe(true);
+      expect(await may("has_column_privilege($1, $2, 'acquired_token', 'SELECT')", i, `${s}.messages`)).toBe(
+        false,
+      );
+    } finally {
+      await db.pool.query(`DROP SCHEMA IF EXISTS "${upgraded}" CASCADE`);
+    }
   });
 });
 
@@ -573,7 +648,7 @@ describe("worker", () => {
     }
   });
 
-  it("runs the service (`outbox-worker run`, dead-letter retention on) and stops cleanly", async () => {
+  it("runs the service (`outbox-worker run`, dead-letter retention on with --worker-can-expire) and stops cleanly", async () => {
     for (const [name, canExpire] of [
       [role.worker, false],
       [role.expirer, true],
@@ -585,7 +660,10 @@ describe("worker", () => {
       );
       const p = startCli(
         ["run", "--handlers", path.resolve("test/fixtures/handlers.ts"), "--http-port", "0"],
-        serviceEnv({ url: urlAs(name), schema }, { OUTBOX_DEAD_LETTER_RETENTION_MS: "3600000" }),
+        serviceEnv(
+          { url: urlAs(name), schema },
+          canExpire ? { OUTBOX_DEAD_LETTER_RETENTION_MS: "3600000" } : {},
+        ),
       );
       try {
         await p.waitFor("outbox-worker running");
@@ -620,30 +698,115 @@ describe("worker", () => {
     }
   }, 120_000);
 
-  it("inserts its handlers' follow-ups only with --worker-can-follow-up; without it the ack is refused, naming the grant", async () => {
-    const client = await db.pool.connect();
-    try {
-      await client.query("BEGIN");
-      await outbox.publish(client, "w.step1", { n: 1 });
-      await client.query("COMMIT");
-    } finally {
-      client.release();
+  it("refuses to start when a configured feature lacks its right, naming the grant option", async () => {
+    const features: [Record<string, string>, string][] = [
+      [{ OUTBOX_DEAD_LETTER_RETENTION_MS: "3600000" }, "--worker-can-expire"],
+      [{ OUTBOX_SUBSCRIPTIONS: JSON.stringify({ fast: ["w.start.topic"] }) }, "--worker-can-subscribe"],
+    ];
+    for (const [env, option] of features) {
+      const p = startCli(
+        ["run", "--handlers", path.resolve("test/fixtures/handlers.ts"), "--http-port", "0"],
+        serviceEnv({ url: urlAs(role.worker), schema }, env),
+      );
+      try {
+        // Fails fast either way: a service that starts is not waited out.
+        const started = await p.waitFor("outbox-worker running").then(
+          () => true,
+          () => false,
+        );
+        expect(started, p.output()).toBe(false);
+        expect((await p.exited).code, p.output()).toBe(1);
+        expect(p.output()).toContain(
+          `\`outbox-worker grant --worker ${role.worker} ${option} --schema ${schema}\``,
+        );
+        expect(p.output()).not.toContain("outbox-worker running");
+        expect(p.output()).not.toContain(ROLE_PASSWORD);
+      } finally {
+        if (p.child.exitCode === null) p.child.kill("SIGKILL");
+      }
     }
-    const step = { "w.step1": (p: unknown) => followUp("w.step2", p) };
-    const plain = await workers.start({ queues: step });
-    const refusal = await nextEvent<{ loop: string; error: Error }>(
-      plain,
-      "loop_error",
-      (e) => e.loop === "complete",
+    // The follow-up right cannot be required (handlers may never return one): said once, at start.
+    const p = startCli(
+      ["run", "--handlers", path.resolve("test/fixtures/handlers.ts"), "--http-port", "0"],
+      serviceEnv({ url: urlAs(role.worker), schema }, {}),
     );
-    expect(refusal.error.message).toMatch(/permission denied/);
-    expect(refusal.error.message).toContain("--worker-can-follow-up");
-    await plain.stop({ timeoutMs: 2000 });
-    // Nothing half-done: the parent is still there, no follow-up exists.
-    const before = await db.pool.query(`SELECT queue FROM ${names.messages} WHERE queue LIKE 'w.step%'`);
-    expect(before.rows).toEqual([{ queue: "w.step1" }]);
-    await db.pool.query(`UPDATE ${names.messages} SET lease_expires_at = now() WHERE queue = 'w.step1'`);
+    try {
+      await p.waitFor("outbox-worker running");
+      expect(p.output()).toContain(`grant --worker ${role.worker} --worker-can-follow-up allows them`);
+      p.child.kill("SIGTERM");
+      expect((await p.exited).code, p.output()).toBe(0);
+    } finally {
+      if (p.child.exitCode === null) p.child.kill("SIGKILL");
+    }
+  }, 60_000);
 
+  it("a right taken away while running is logged with the command that gives it back", async () => {
+    const logged = memoryLogger();
+    const denied = () => logged.lines.find((l) => l.msg.includes("lacks a right"));
+    await db.pool.query(`REVOKE DELETE ON ${names.messages} FROM "${role.worker}"`);
+    try {
+      await db.inTransaction((c) => outbox.publish(c, "w.revoked", { n: 1 }));
+      await workers.start({ queues: { "w.revoked": () => {} }, logger: logged.logger });
+      await until(() => denied() !== undefined, "the refused ack logged");
+      expect(denied()?.msg).toContain("run `outbox-worker grant --worker <role>` with the role's options");
+    } finally {
+      await db.pool.query(`GRANT DELETE ON ${names.messages} TO "${role.worker}"`);
+    }
+    await until(async () => {
+      const { rows } = await db.pool.query(`SELECT 1 FROM ${names.messages} WHERE queue = 'w.revoked'`);
+      return rows.length === 0;
+    }, "acked once the right is back");
+  });
+
+  it("retention refused at run time says once which grant option gives the right", async () => {
+    const logged = memoryLogger();
+    const retention = createDeadLetterRetention({
+      pool: worker,
+      schema,
+      retentionMs: 3_600_000,
+      logger: logged.logger,
+    });
+    for (let run = 0; run < 3; run++) {
+      const result = await retention.runOnce();
+      expect((result.error as { code?: string }).code).toBe("42501");
+    }
+    await retention.stop();
+    const said = logged.lines.filter((l) => l.level >= 40);
+    expect(said).toHaveLength(1);
+    expect(said[0]?.msg).toContain("--worker-can-expire");
+  });
+
+  it("inserts its handlers' follow-ups only with --worker-can-follow-up; without it the message is dead-lettered at once, naming the grant", async () => {
+    await db.inTransaction(async (c) => {
+      await outbox.publish(c, "w.step1", { n: 1 });
+      await outbox.publish(c, "w.plain2", { n: 2 });
+    });
+    const step = { "w.step1": (p: unknown) => followUp("w.step2", p), "w.plain2": () => {} };
+    const plain = await workers.start({ queues: step });
+    // Not left to cycle through lease expiry until max_deliveries: dead at its first delivery, saying why.
+    const dead = await nextEvent<{ queue: string; reason: string; error: string }>(
+      plain,
+      "dead_lettered",
+      (e) => e.queue === "w.step1",
+    );
+    expect(dead.reason).toBe(FOLLOW_UPS_REFUSED);
+    expect(dead.error).toContain("--worker-can-follow-up");
+    // The other acks go on.
+    await until(async () => {
+      const { rows } = await db.pool.query(`SELECT 1 FROM ${names.messages} WHERE queue = 'w.plain2'`);
+      return rows.length === 0;
+    }, "the message without follow-ups acked");
+    await plain.stop({ timeoutMs: 2000 });
+    // Nothing half-done: no follow-up exists, and the parent is a dead letter delivered once.
+    const left = await db.pool.query(`SELECT queue FROM ${names.messages} WHERE queue LIKE 'w.step%'`);
+    expect(left.rows).toEqual([]);
+    const kept = await db.pool.query(
+      `SELECT reason, deliveries_count, payload FROM ${names.deadLetters} WHERE queue = 'w.step1'`,
+    );
+    expect(kept.rows).toEqual([{ reason: FOLLOW_UPS_REFUSED, deliveries_count: 1, payload: { n: 1 } }]);
+
+    // Granted (the chainer role), the replayed message runs again and its follow-up goes in with its ack.
+    expect((await replayDeadLetters(db.pool, schema, { queue: "w.step1" })).replayed).toBe(1);
     await chainers.start({ queues: step });
     await until(async () => {
       const { rows } = await db.pool.query(`SELECT queue FROM ${names.messages} WHERE queue LIKE 'w.step%'`);
@@ -711,6 +874,68 @@ describe("worker", () => {
     expect(await listSubscriptions(db.pool, { schema, queue: "w.spy" })).toEqual([]);
   }
 
+  it("cannot rewrite what it delivers or forge a dead letter: it moves only rows it holds, with their own content", async () => {
+    const id = await db.inTransaction((c) => outbox.publish(c, "w.forge", { real: true }, { key: "f" }));
+    const m = names.messages;
+    const dl = names.deadLetters;
+    for (const sql of [
+      `UPDATE ${m} SET payload = '{"forged": true}' WHERE id = ${id}`,
+      `UPDATE ${m} SET queue = 'w.elsewhere' WHERE id = ${id}`,
+      `UPDATE ${m} SET headers = '{"x": "1"}' WHERE id = ${id}`,
+      `UPDATE ${m} SET key = 'other' WHERE id = ${id}`,
+      `UPDATE ${m} SET created_at = now() WHERE id = ${id}`,
+      `UPDATE ${m} SET topic = 'w.t' WHERE id = ${id}`,
+      `INSERT INTO ${dl} (id, queue, payload, headers, created_at, available_at, deliveries_count, attempts_count, dead_at, reason)
+       VALUES (900200, 'w.forge', '{"forged": true}', '{}', now(), now(), 0, 0, now(), 'rejected')`,
+      `UPDATE ${dl} SET payload = '{"forged": true}'`,
+      `UPDATE ${dl} SET error = 'x'`,
+      `DELETE FROM ${dl}`,
+    ]) {
+      expect(await refused(() => worker.query(sql)), sql).toMatch(/permission denied/);
+    }
+    // What it may write: the lease and bookkeeping columns (a lease taken by hand here).
+    const token = randomUUID();
+    await worker.query(
+      `UPDATE ${m} SET acquired_token = $1, acquired_at = now(), lease_expires_at = now() + interval '1 minute',
+         last_error = 'bookkeeping' WHERE id = $2`,
+      [token, id],
+    );
+    const complete = completeStatements(names, { synchronousCommit: true });
+    const move = (tokens: string[], reasons: string[]) =>
+      runQuery(worker, complete.deadKeyed, {
+        ids: [id],
+        tokens,
+        reasons,
+        errors: ["the handler said no"],
+        attempted: [1],
+        failed: [1],
+        maxErrorLength: 100,
+      });
+    // Under another token nothing moves (fenced); the reason fan_out keeps for itself is refused.
+    expect(await move([randomUUID()], ["rejected"])).toEqual([
+      { keys: [], busy: [], head_queues: [], head_keys: [] },
+    ]);
+    expect(await refused(() => move([token], ["no_subscribers"]))).toMatch(/no_subscribers/);
+    expect(await move([token], ["rejected"])).toEqual([
+      { keys: null, busy: [], head_queues: ["w.forge"], head_keys: ["f"] },
+    ]);
+    const { rows } = await db.pool.query(
+      `SELECT queue, payload, key, reason, error, attempts_count FROM ${dl} WHERE id = $1`,
+      [id],
+    );
+    expect(rows).toEqual([
+      {
+        queue: "w.forge",
+        payload: { real: true },
+        key: "f",
+        reason: "rejected",
+        error: "the handler said no",
+        attempts_count: 1,
+      },
+    ]);
+    await db.pool.query(`DELETE FROM ${dl} WHERE id = $1`, [id]);
+  });
+
   it("is refused inserts, dead-letter deletes, migrations writes and every DDL", async () => {
     const m = names.messages;
     const attempts = [
@@ -752,6 +977,17 @@ describe("inspector", () => {
 
   it("reads status, peek and dead letters through the CLI", async () => {
     expect(await cliOk(role.inspector, ["status"])).toContain("i.q");
+    // The version check every command makes first: versions, names and checksums only.
+    await inspector.query(`SELECT version FROM ${names.migrationsTable}`);
+    // Who holds leases, without their tokens.
+    const leases = await inspector.query(`SELECT * FROM ${names.leases} LIMIT 0`);
+    expect(leases.fields.map((f) => f.name)).toEqual([
+      "id",
+      "queue",
+      "acquired_at",
+      "acquired_by",
+      "lease_expires_at",
+    ]);
     expect(await cliOk(role.inspector, ["peek", "--json"])).toContain("secret");
     expect(await cliOk(role.inspector, ["dead-letters", "list"])).toContain("900001");
     expect(await cliOk(role.inspector, ["dead-letters", "show", "900001"])).toContain("rejected");
@@ -772,16 +1008,24 @@ describe("inspector", () => {
     ]) {
       const result = await cli(role.inspector, args);
       expect(result.code, args.join(" ")).toBe(1);
-      expect(result.stderr).toMatch(/permission denied/);
+      // Checked before anything runs, naming the option that gives the right.
+      expect(result.stderr).toContain(`permission denied: the user (${role.inspector}) needs `);
+      expect(result.stderr).toContain(`DELETE ON ${names.deadLetters}`);
+      expect(result.stderr).toContain(
+        `run \`outbox-worker grant --inspector ${role.inspector} --inspector-can-repair --schema ${schema}\``,
+      );
     }
     for (const sql of [
       `SELECT payload FROM ${names.messages}`,
+      // The token fences a worker's writes: nobody but the worker reads it.
+      `SELECT acquired_token FROM ${names.messages}`,
+      `SELECT * FROM ${names.quotedSchema}.dead_letter('{}', '{}', '{}', '{}', '{}', '{}', 1, true)`,
+      `SELECT * FROM ${names.quotedSchema}.expire_dead_letters(0, 10)`,
       `UPDATE ${names.messages} SET available_at = now()`,
       `DELETE FROM ${names.messages}`,
       `INSERT INTO ${names.messages} (queue, payload) VALUES ('q', '1')`,
       `UPDATE ${names.deadLetters} SET error = 'x'`,
       `DELETE FROM ${names.deadLetters}`,
-      `SELECT * FROM ${names.migrationsTable}`,
       `SELECT * FROM ${names.quotedSchema}.ack_keyed('{}', '{}', 0, gen_random_uuid(), 1, 'w', true)`,
       `SELECT * FROM ${names.quotedSchema}.ack_key_heads('{}', '{}', '{}', '{}', 0, gen_random_uuid(), 1, 'w', true)`,
       `TRUNCATE ${names.deadLetters}`,
@@ -831,7 +1075,6 @@ describe("inspector", () => {
       `UPDATE ${names.messages} SET available_at = now()`,
       `DELETE FROM ${names.messages}`,
       `INSERT INTO ${names.messages} (queue, payload, acquired_token, acquired_at, lease_expires_at) VALUES ('q', '1', gen_random_uuid(), now(), now())`,
-      `SELECT * FROM ${names.migrationsTable}`,
       `SELECT * FROM ${names.quotedSchema}.ack_keyed('{}', '{}', 0, gen_random_uuid(), 1, 'w', true)`,
       `SELECT * FROM ${names.quotedSchema}.ack_key_heads('{}', '{}', '{}', '{}', 0, gen_random_uuid(), 1, 'w', true)`,
       `TRUNCATE ${names.deadLetters}`,
@@ -865,6 +1108,24 @@ describe("every right is needed", () => {
       client.release();
     }
   };
+  const lease = () =>
+    runQuery(worker, fetchStatement(names, settings), {
+      queues: ["n.q"],
+      limit: 1,
+      token,
+      leaseTtlMs: 1000,
+      workerId: "w",
+    });
+  const retry = () =>
+    runQuery(worker, complete.retry, { ...none, delaysMs: [], errors: [], failed: [], maxErrorLength: 100 });
+  const repairHeads = () => runQuery(worker, repairKeyHeadsStatement(names), { queues: ["n.q"] });
+  const LEASE_COLUMNS = new Set([
+    "acquired_token",
+    "acquired_at",
+    "lease_expires_at",
+    "acquired_by",
+    "deliveries_count",
+  ]);
   const dead = () =>
     runQuery(worker, complete.dead, {
       ...none,
@@ -895,9 +1156,11 @@ describe("every right is needed", () => {
       leaseTtlMs: 1000,
       workerId: "w",
     });
+  // The statements themselves, not the CLI: its start-up check would refuse any right of its list, needed
+  // by the statement or not.
   const inspectorReads = async () => {
-    await cliOk(role.inspector, ["status"]);
-    await cliOk(role.inspector, ["dead-letters", "replay", "--all", "--dry-run"]);
+    await queueStatus(inspector, schema);
+    await replayDeadLetters(inspector, schema, { all: true }, { dryRun: true });
   };
   const repairerReplay = async () => {
     await db.pool.query(
@@ -905,7 +1168,7 @@ describe("every right is needed", () => {
        VALUES (900003, 'n.q', '{}', '{}', 'k', now(), now(), 1, 1, now(), 'rejected')`,
     );
     try {
-      await cliOk(role.repairer, ["dead-letters", "replay", "--id", "900003"]);
+      await replayDeadLetters(repairer, schema, { ids: ["900003"] });
     } finally {
       await db.pool.query(`DELETE FROM ${names.deadLetters} WHERE id = 900003`);
       await db.pool.query(`DELETE FROM ${names.messages} WHERE id = 900003`);
@@ -935,9 +1198,10 @@ describe("every right is needed", () => {
        VALUES (900004, 'n.routed', '{}', '{"outbox-topic": "n.routed"}', now(), now(), 0, 0, now(), 'no_subscribers')`,
     );
     try {
-      const out = await cliOk(role.repairer, ["dead-letters", "replay", "--id", "900004"]);
+      const out = await replayDeadLetters(repairer, schema, { ids: ["900004"] });
       const { rows } = await db.pool.query(`SELECT 1 FROM ${names.messages} WHERE queue = 'n.routed.q'`);
-      if (rows.length !== 1) throw new Error(`expected one routed copy, got ${rows.length}: ${out}`);
+      if (rows.length !== 1)
+        throw new Error(`expected one routed copy, got ${rows.length}: ${JSON.stringify(out)}`);
     } finally {
       await db.pool.query(`DELETE FROM ${names.deadLetters} WHERE id = 900004`);
       await db.pool.query(`DELETE FROM ${names.messages} WHERE queue = 'n.routed.q'`);
@@ -978,31 +1242,26 @@ describe("every right is needed", () => {
       of: role.worker,
       op: () => checkSchema({ pool: worker, schema }),
     },
-    {
-      right: `SELECT ON ${m}`,
+    { right: `SELECT ON ${m}`, of: role.worker, op: lease },
+    // Each column the worker may update, by the statement that writes it.
+    ...WORKER_UPDATE_COLUMNS.map((c) => ({
+      right: `UPDATE (${c}) ON ${m}`,
       of: role.worker,
-      op: () =>
-        runQuery(worker, fetchStatement(names, settings), {
-          queues: ["n.q"],
-          limit: 1,
-          token,
-          leaseTtlMs: 1000,
-          workerId: "w",
-        }),
-    },
-    {
-      right: `UPDATE ON ${m}`,
-      of: role.worker,
-      op: () => runQuery(worker, complete.renew, { ...none, leaseTtlMs: 1 }),
-    },
+      op: LEASE_COLUMNS.has(c) ? lease : c === "head" ? repairHeads : retry,
+    })),
     { right: `DELETE ON ${m}`, of: role.worker, op: () => runQuery(worker, complete.ack, none) },
     { right: `SELECT ON ${dl}`, of: role.worker, op: () => runQuery(worker, complete.whereabouts, none) },
-    { right: `INSERT ON ${dl}`, of: role.worker, op: dead },
-    { right: `UPDATE ON ${dl}`, of: role.worker, op: dead },
+    // The move writes dead letters as the schema's owner: the worker holds no write on dead_letters.
+    {
+      right: `EXECUTE ON ${fn("dead_letter(bigint[], uuid[], text[], text[], integer[], integer[], integer, boolean)")}`,
+      of: role.worker,
+      op: dead,
+    },
+    { right: `SELECT ON ${names.leases}`, of: role.worker, op: () => workerLeases(worker, schema) },
     {
       right: `SELECT ON ${names.migrationsTable}`,
       of: role.worker,
-      op: () => checkSchema({ pool: worker, schema }),
+      op: () => migrationState({ connection: worker, schema }),
     },
     {
       right: `EXECUTE ON ${fn("ack_keyed(bigint[], uuid[], integer, uuid, double precision, text, boolean)")}`,
@@ -1029,7 +1288,7 @@ describe("every right is needed", () => {
       // The replay preview asks where kept topic events would go (the console's preview, as the service).
       right: `EXECUTE ON ${fn("topic_queues(text)")}`,
       of: role.worker,
-      op: () => cliOk(role.worker, ["dead-letters", "replay", "--all", "--dry-run"]),
+      op: () => replayDeadLetters(worker, schema, { all: true }, { dryRun: true }),
     },
     ...SUBSCRIBE_COLUMNS.flatMap((c) => [
       { right: `INSERT (${c}) ON ${names.subscriptions}`, of: role.subscriber, op: subscribeAtStart },
@@ -1039,19 +1298,26 @@ describe("every right is needed", () => {
     // The generated `matcher` column calls it as the inserting role.
     { right: `EXECUTE ON ${fn("topic_matcher(text)")}`, of: role.subscriber, op: subscribeAtStart },
     {
-      right: `DELETE ON ${dl}`,
+      right: `EXECUTE ON ${fn("expire_dead_letters(double precision, integer)")}`,
       of: role.expirer,
       op: () => runQuery(expirer, expireDeadLettersStatement(names), { olderThanMs: 3_600_000, limit: 10 }),
+    },
+    { right: `SELECT ON ${names.leases}`, of: role.inspector, op: () => workerLeases(inspector, schema) },
+    {
+      // The version check every command makes first, as `run` does.
+      right: `SELECT ON ${names.migrationsTable}`,
+      of: role.inspector,
+      op: () => migrationState({ connection: inspector, schema }),
     },
     {
       right: `SELECT ON ${names.unprocessed}`,
       of: role.inspector,
-      op: () => cliOk(role.inspector, ["peek"]),
+      op: () => peekMessages(inspector, schema, {}),
     },
     {
       right: `SELECT ON ${dl}`,
       of: role.inspector,
-      op: () => cliOk(role.inspector, ["dead-letters", "list"]),
+      op: () => listDeadLetters(inspector, schema, {}),
     },
     {
       right: `SELECT ON ${names.subscriptions}`,
@@ -1062,7 +1328,7 @@ describe("every right is needed", () => {
       // The preview counts where each kept topic event would go now.
       right: `EXECUTE ON ${fn("topic_queues(text)")}`,
       of: role.inspector,
-      op: () => cliOk(role.inspector, ["dead-letters", "replay", "--all", "--dry-run"]),
+      op: () => replayDeadLetters(inspector, schema, { all: true }, { dryRun: true }),
     },
     ...INSPECTOR_SELECT_COLUMNS.map((c) => ({
       right: `SELECT (${c}) ON ${m}`,
@@ -1081,7 +1347,7 @@ describe("every right is needed", () => {
     {
       right: `DELETE ON ${dl}`,
       of: role.repairer,
-      op: () => cliOk(role.repairer, ["dead-letters", "purge", "--older-than", "1d"]),
+      op: () => purgeDeadLetters(repairer, schema, { olderThanMs: 86_400_000 }),
     },
   ];
 

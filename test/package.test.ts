@@ -353,7 +353,6 @@ describe("the built CLI as the Docker image runs it", () => {
             migrations: { ok: false, pending: [2] },
             listener: { ok: true, state: "listening" },
             worker: { ok: true, state: "running" },
-            relays: { ok: true, relays: {} },
           },
         }),
       );

@@ -8,6 +8,7 @@ import path from "node:path";
 import pg from "pg";
 import pino from "pino";
 import { afterEach, beforeAll, describe, expect, it } from "vitest";
+import { createPgLeaseStore } from "../src/lease/pg-store.js";
 import type { ListenerState } from "../src/notify/notifier.js";
 import { createPublisher, type Publisher } from "../src/produce/publisher.js";
 import type { WorkerEvents } from "../src/worker/events.js";
@@ -33,6 +34,7 @@ beforeAll(() => db.migrate());
 const POOLER_STATEMENT_ERRORS = new Set(["26000", "42P05"]);
 const LISTEN_FALLBACK = "LISTEN gets no notifications";
 const PREPARED_SWITCH = "named prepared statements are lost";
+const UNNAMED_FROM_START = "statements are unnamed from the start";
 
 interface LogLine {
   level: number;
@@ -238,7 +240,7 @@ describe.skipIf(tx.skip !== undefined)("PgBouncer, transaction mode", () => {
     expect(warning?.msg).toContain("minPollIntervalMs (20 ms)");
   });
 
-  it("a worker left on prepared statements detects the pooler, switches, and drains 5,000 rows exactly once", async () => {
+  it("a worker left on prepared statements knows the pooler before its first statement: 5,000 rows, no error", async () => {
     const queue = "pgb.drain-named";
     const ids = await backlog(queue, 5000);
     const handled = ledger();
@@ -246,24 +248,88 @@ describe.skipIf(tx.skip !== undefined)("PgBouncer, transaction mode", () => {
     await drained(w, handled.seen, ids, queue);
     expect(handled.notOnce()).toEqual([]);
     expect([...handled.seen.keys()].sort()).toEqual([...ids].sort());
-    const switches = w.lines.filter((l) => l.msg.includes(PREPARED_SWITCH));
-    expect(switches).toHaveLength(1);
-    expect(switches[0]?.level).toBe(40);
-    // The only loop errors are the pooler's answers to named statements sent before the switch: at most
-    // one per pooled connection (the worker's pool has 6), the statements in flight when the first failed.
-    expect(w.loopErrors.length).toBeGreaterThan(0);
-    expect(w.loopErrors.length).toBeLessThanOrEqual(6);
-    expect(w.loopErrors.filter((e) => !POOLER_STATEMENT_ERRORS.has(codeOf(e.error)))).toEqual([]);
-
-    // After the switch: a second backlog, not one loop error more.
-    const before = w.loopErrors.length;
-    const more = await backlog(queue, 500);
-    await drained(w, handled.seen, more, queue);
-    expect(handled.notOnce()).toEqual([]);
-    expect(w.loopErrors.slice(before)).toEqual([]);
-    expect(w.lines.filter((l) => l.msg.includes(LISTEN_FALLBACK))).toHaveLength(1);
+    // Found by the probes at start: not one named statement reached the pooler.
+    expect(w.loopErrors.map((e) => `${e.loop}: ${codeOf(e.error)} ${e.error.message}`)).toEqual([]);
+    expect(w.lines.filter((l) => l.level >= 50)).toEqual([]);
+    expect(w.lines.filter((l) => l.msg.includes(PREPARED_SWITCH))).toEqual([]);
+    const unnamed = w.lines.filter((l) => l.msg.includes(UNNAMED_FROM_START));
+    expect(unnamed.map((l) => l.level)).toEqual([30]);
+    expect(unnamed[0]?.reason).toContain("transaction-mode pooler");
+    // The one warning is LISTEN's: wake-ups are off behind this pooler.
+    expect(w.warnings().map((l) => l.msg)).toEqual([expect.stringContaining(LISTEN_FALLBACK)]);
     expect(w.listener.at(-1)).toBe("poll_only");
   });
+
+  it("with LISTEN at the database, the pool's own probe finds the pooler: 2,000 rows, no error", async () => {
+    const queue = "pgb.drain-listen-direct";
+    const ids = await backlog(queue, 2000);
+    const handled = ledger();
+    const w = await startObserved({
+      connection: url,
+      listenConnection: db.url,
+      queues: { [queue]: handled.handler },
+    });
+    expect(w.listener.at(-1)).toBe("listening");
+    await drained(w, handled.seen, ids, queue);
+    expect(handled.notOnce()).toEqual([]);
+    expect(w.loopErrors.map((e) => `${e.loop}: ${codeOf(e.error)} ${e.error.message}`)).toEqual([]);
+    expect(w.warnings()).toEqual([]);
+    const unnamed = w.lines.filter((l) => l.msg.includes(UNNAMED_FROM_START));
+    expect(unnamed).toHaveLength(1);
+    expect(unnamed[0]?.reason).toContain("a connection pooler answers for the server");
+  });
+
+  it.skipIf(txOneServer.skip !== undefined)(
+    "a named statement lost later still switches the store to unnamed ones, once, and the retry goes through",
+    async () => {
+      const queue = "pgb.store-lost";
+      const ids = await backlog(queue, 20);
+      const pool = new pg.Pool({ connectionString: txOneServer.bouncer?.url ?? "", max: 2 });
+      pool.on("error", () => {});
+      const lost: unknown[] = [];
+      const store = createPgLeaseStore({
+        pool: () => pool,
+        names: db.names,
+        queues: [queue],
+        workerId: "pgb-store",
+        leaseTtlMs: 30_000,
+        maxErrorLength: 1000,
+        synchronousCommit: true,
+        preparedStatements: true,
+        queryTimeoutMs: 10_000,
+        onPreparedLost: (error) => lost.push(error),
+      });
+      try {
+        // Two connections of the pool, one server connection behind the pooler: the second Parse of the
+        // fetch statement finds the first one's there (42P05), which no retry of a named statement fixes.
+        const first = await Promise.allSettled([store.lease(5, 1 << 20), store.lease(5, 1 << 20)]);
+        const failed = first.filter((r) => r.status === "rejected").map((r) => codeOf(r.reason));
+        expect(failed.length).toBeGreaterThan(0);
+        expect(failed.filter((code) => !POOLER_STATEMENT_ERRORS.has(code))).toEqual([]);
+        expect(lost).toHaveLength(1);
+        expect(store.useUnnamedStatements()).toBe(false);
+        // From now on unnamed: every row is leased and acked through the pooler.
+        let leased = first.flatMap((r) => (r.status === "fulfilled" ? r.value.rows : []));
+        for (let round = 0; round < 10 && leased.length < ids.length; round++) {
+          const more = await Promise.all([store.lease(5, 1 << 20), store.lease(5, 1 << 20)]);
+          leased = [...leased, ...more.flatMap((l) => l.rows)];
+          await Promise.all(
+            more.map((l) =>
+              store.ack(
+                l.rows.map((row) => ({
+                  held: { id: row.id, token: l.token, key: row.key, queue: row.queue },
+                })),
+              ),
+            ),
+          );
+        }
+        expect(new Set(leased.map((row) => row.id))).toEqual(new Set(ids));
+        expect(lost).toHaveLength(1);
+      } finally {
+        await pool.end();
+      }
+    },
+  );
 
   describe("the service", () => {
     const running: CliProcess[] = [];
@@ -271,11 +337,10 @@ describe.skipIf(tx.skip !== undefined)("PgBouncer, transaction mode", () => {
       for (const p of running.splice(0)) if (p.child.exitCode === null) p.child.kill("SIGKILL");
     });
 
-    it("outbox-worker run with DATABASE_URL at the pooler and OUTBOX_PREPARED_STATEMENTS=false delivers", async () => {
+    it("outbox-worker run with DATABASE_URL at the pooler, settings left as they are, delivers and logs no error", async () => {
       const p = startCli(["run", "--handlers", path.resolve("test/fixtures/handlers.ts")], {
         DATABASE_URL: url,
         OUTBOX_SCHEMA: db.schema,
-        OUTBOX_PREPARED_STATEMENTS: "false",
         OUTBOX_LOG_PRETTY: "false",
         OUTBOX_MIN_POLL_INTERVAL_MS: "20",
         OUTBOX_MAX_POLL_INTERVAL_MS: "200",
@@ -301,6 +366,8 @@ describe.skipIf(tx.skip !== undefined)("PgBouncer, transaction mode", () => {
       expect(lines.filter((l) => l.msg.includes(PREPARED_SWITCH) || l.msg.includes("backing off"))).toEqual(
         [],
       );
+      expect(lines.filter((l) => l.level >= 50)).toEqual([]);
+      expect(lines.filter((l) => l.msg.includes(UNNAMED_FROM_START))).toHaveLength(1);
     });
 
     it("OUTBOX_LISTEN_URL at the database gives the service its wake-ups back behind the pooler", async () => {
@@ -369,5 +436,7 @@ describe.skipIf(session.skip !== undefined)("PgBouncer, session mode", () => {
     expect(w.loopErrors).toEqual([]);
     expect(w.warnings()).toEqual([]);
     expect(w.listener.at(-1)).toBe("listening");
+    // A session-mode pooler keeps each connection's statements: LISTEN through it vouches for that.
+    expect(w.lines.filter((l) => l.msg.includes(UNNAMED_FROM_START))).toEqual([]);
   });
 });

@@ -16,7 +16,7 @@ import { startTcpProxy, type TcpProxy } from "./helpers/tcp-proxy.js";
 import { until } from "./helpers/worker.js";
 
 // A relay whose target cannot take messages (no stream, no exchange, nothing bound, a key of the wrong type)
-// or whose broker is down says so in health() — what /readyz shows — and in one error log line.
+// or whose broker is down says so in health() — what /relays shows — and in one error log line.
 
 const RUN = `${Date.now().toString(36)}${process.pid.toString(36)}`;
 const QUEUE = "q";

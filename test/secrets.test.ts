@@ -89,7 +89,7 @@ async function rows<T>(sql: string): Promise<T[]> {
 }
 
 describe("a running service with credentials in every URL and relay", () => {
-  it("shows none of them in its logs, last_error, dead letters, /readyz, /metrics, peek or dead-letters", async () => {
+  it("shows none of them in its logs, last_error, dead letters, /readyz, /relays, /metrics, peek or dead-letters", async () => {
     const { url, password } = databaseUrlWithPassword();
     const canaries = [...Object.values(CANARY), password];
     const port = await closedPort();
@@ -175,6 +175,7 @@ export default {
 
     const base = `http://127.0.0.1:${httpPort}`;
     const readyz = await (await fetch(`${base}/readyz`)).text();
+    const relaysReport = await (await fetch(`${base}/relays`)).text();
     const metrics = await (await fetch(`${base}/metrics`)).text();
     expect(metrics).toContain('outbox_dead_lettered_total{queue="sec.echo",reason="rejected"} 1');
 
@@ -192,6 +193,7 @@ export default {
     expectNoCanary("outbox.messages.last_error", JSON.stringify(lastErrors), canaries);
     expectNoCanary("outbox.dead_letters.error", JSON.stringify(deadLetters), canaries);
     expectNoCanary("/readyz", readyz, canaries);
+    expectNoCanary("/relays", relaysReport, canaries);
     expectNoCanary("/metrics", metrics, canaries);
     expectNoCanary("outbox-worker peek --json", peek.output(), canaries);
     expectNoCanary("outbox-worker dead-letters list --json", listed.output(), canaries);
@@ -200,19 +202,16 @@ export default {
     expect(exit.code, service.output()).toBe(0);
     expect(service.output()).toContain(`"servers":["nats://***@127.0.0.1:${port}"]`);
     expect(metrics).toContain('outbox_dead_lettered_total{queue="sec.echo",reason="rejected"} 1');
-    // Every relay's broker is a closed port: /readyz says so, with each relay's (scrubbed) error.
-    expect(JSON.parse(readyz)).toMatchObject({
-      ready: false,
-      checks: {
-        database: { ok: true },
-        worker: { ok: true },
-        relays: {
-          ok: false,
-          relays: Object.fromEntries(
-            Object.keys(relays).map((q) => [q, { state: "unreachable", error: expect.any(String) }]),
-          ),
-        },
-      },
+    // Every relay's broker is a closed port: /relays says so, with each relay's (scrubbed) error.
+    expect(JSON.parse(readyz)).toMatchObject({ checks: { database: { ok: true }, worker: { ok: true } } });
+    expect(JSON.parse(relaysReport)).toEqual({
+      ok: false,
+      relays: Object.fromEntries(
+        Object.keys(relays).map((q) => [
+          q,
+          expect.objectContaining({ state: "unreachable", error: expect.any(String) }),
+        ]),
+      ),
     });
     const byQueue = Object.fromEntries(lastErrors.map((r) => [r.queue, r.last_error]));
     expect(byQueue["sec.nats"]).toContain(`nats://***@127.0.0.1:${port}`);

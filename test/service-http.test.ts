@@ -398,7 +398,6 @@ describe("readiness", () => {
         migrations: { ok: true },
         listener: { ok: true, state: "listening" },
         worker: { ok: true, state: "running" },
-        relays: { ok: true, relays: {} },
       },
     });
 

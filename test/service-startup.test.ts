@@ -97,7 +97,12 @@ describe("outbox-worker run at start", () => {
         }),
       });
       expect(r.code).toBe(1);
-      expect(r.output).toMatch(/permission denied: the worker's user needs UPDATE on .*messages/);
+      expect(r.output).toMatch(
+        new RegExp(
+          `permission denied: the worker's user \\(${role}\\) needs UPDATE \\(acquired_token, [a-z_, ]+\\) ON .*messages`,
+        ),
+      );
+      expect(r.output).toContain(`run \`outbox-worker grant --worker ${role} --schema ${db.schema}\``);
       expect(r.output).not.toContain("ro-pw");
     } finally {
       await db.pool.query(`DROP OWNED BY "${role}"`);

@@ -411,7 +411,10 @@ describe("the service's subscriptions", () => {
       (e: unknown) => e,
     );
     expect(error).toBeInstanceOf(StartupError);
-    expect((error as Error).message).toMatch(/cannot subscribe queue "hook2".*--worker-can-subscribe/);
+    // Checked with the other rights, before anything is served: which right, and the grant that gives it.
+    expect((error as Error).message).toMatch(
+      /^permission denied: the worker's user \(\w+\) needs INSERT \(pattern, queue\) ON "\w+"\.subscriptions.*run `outbox-worker grant --worker \w+ --worker-can-subscribe/,
+    );
     expect((error as Error).message).not.toContain(ROLE_PASSWORD);
   });
 });

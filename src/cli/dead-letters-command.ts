@@ -10,7 +10,8 @@ import {
 import { MAX_LIMIT } from "../inspect/peek.js";
 import { DEFAULT_SCHEMA } from "../sql/names.js";
 import { parseDuration as parseAge } from "../util/duration.js";
-import { parseCommandArgs, UsageError, withDatabase } from "./args.js";
+import { checkCommandLine, parseCommandArgs, UsageError } from "./args.js";
+import { COMMAND_NEEDS, withCheckedDatabase } from "./checked-database.js";
 import { cell, formatAge, jsonCell, printJson, renderTable, safeText } from "./format.js";
 import { type CliIo, print, printError } from "./io.js";
 import { parseLimit } from "./peek-command.js";
@@ -89,7 +90,8 @@ async function list(argv: string[], io: CliIo): Promise<number> {
     reason: values.reason as string | undefined,
     limit: parseLimit(values.limit),
   };
-  const rows = await withDatabase(values, io.env, "outbox-dead-letters", (client, schema) =>
+  const needs = COMMAND_NEEDS.deadLetters;
+  const rows = await withCheckedDatabase(values, io.env, "outbox-dead-letters", needs, (client, schema) =>
     listDeadLetters(client, schema, query),
   );
   if (values.json) printJson(io, rows);
@@ -135,7 +137,8 @@ async function show(argv: string[], io: CliIo): Promise<number> {
   if (raw === undefined) throw new UsageError("show needs the id of a dead letter");
   noPositionals(extra);
   const id = parseId(raw, "ID");
-  return withDatabase(values, io.env, "outbox-dead-letters", async (client, schema) => {
+  const needs = COMMAND_NEEDS.deadLetters;
+  return withCheckedDatabase(values, io.env, "outbox-dead-letters", needs, async (client, schema) => {
     const row = await getDeadLetter(client, schema, id);
     if (!row) {
       printError(io, `outbox-worker dead-letters: no dead letter with id ${id} in schema "${schema}"`);
@@ -175,22 +178,20 @@ function describe(r: DeadLetter): string {
   ].join("\n");
 }
 
+const REPLAY_OPTIONS = {
+  ...CONNECTION_OPTIONS,
+  id: { type: "string", multiple: true },
+  queue: { type: "string" },
+  reason: { type: "string" },
+  all: { type: "boolean" },
+  "dry-run": { type: "boolean" },
+  help: { type: "boolean", short: "h" },
+} as const;
+
 function parseReplayArgs(argv: string[]) {
+  checkCommandLine(argv, REPLAY_OPTIONS);
   try {
-    return parseArgs({
-      args: argv,
-      options: {
-        ...CONNECTION_OPTIONS,
-        id: { type: "string", multiple: true },
-        queue: { type: "string" },
-        reason: { type: "string" },
-        all: { type: "boolean" },
-        "dry-run": { type: "boolean" },
-        help: { type: "boolean", short: "h" },
-      },
-      allowPositionals: true,
-      strict: true,
-    });
+    return parseArgs({ args: argv, options: REPLAY_OPTIONS, allowPositionals: true, strict: true });
   } catch (error) {
     throw new UsageError((error as Error).message);
   }
@@ -218,7 +219,8 @@ async function replay(argv: string[], io: CliIo): Promise<number> {
   noPositionals(positionals);
   const filter = replayFilter(values);
   const dryRun = values["dry-run"] === true;
-  const result = await withDatabase(values, io.env, "outbox-dead-letters", (client, schema) =>
+  const needs = dryRun ? COMMAND_NEEDS.replayPreview : COMMAND_NEEDS.replay;
+  const result = await withCheckedDatabase(values, io.env, "outbox-dead-letters", needs, (client, schema) =>
     replayDeadLetters(client, schema, filter, { dryRun }),
   );
   const moved = byQueue(result.queues.map((q) => ({ queue: q.queue, n: q.replayed })));
@@ -249,7 +251,8 @@ async function purge(argv: string[], io: CliIo): Promise<number> {
   const olderThanMs = parseDuration(age);
   const dryRun = values["dry-run"] === true;
   const options = { olderThanMs, queue: values.queue as string | undefined, dryRun };
-  const result = await withDatabase(values, io.env, "outbox-dead-letters", (client, schema) =>
+  const needs = dryRun ? COMMAND_NEEDS.deadLetters : COMMAND_NEEDS.purge;
+  const result = await withCheckedDatabase(values, io.env, "outbox-dead-letters", needs, (client, schema) =>
     purgeDeadLetters(client, schema, options),
   );
   const counts = byQueue(result.queues.map((q) => ({ queue: q.queue, n: q.purged })));

@@ -1,7 +1,8 @@
 import { OutboxConfigError, OutboxError } from "../contract/errors.js";
 import { migrationState } from "../migrate/migrator.js";
 import { type GrantPlan, grantScript, grantStatements, validateRoleName } from "../sql/grants.js";
-import { DEFAULT_SCHEMA } from "../sql/names.js";
+import { migrationStatements } from "../sql/migrations.js";
+import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
 import { parseCommandArgs, schemaFrom, UsageError, withDatabase } from "./args.js";
 import { type CliIo, print } from "./io.js";
 
@@ -13,10 +14,11 @@ export const grantUsage = `Usage: outbox-worker grant [--producer ROLES] [--work
 Give existing roles exactly the rights their side needs on the outbox schema (least privilege):
   producer    publish: INSERT into messages (its own columns), SELECT of id, queue and key; publish
               to topics (fan_out, topic_queues); no right on subscriptions
-  worker      lease, ack, retry, dead-letter, release, renew, key-head repair, start-up checks; no DDL,
-              no right on subscriptions
+  worker      lease, ack, retry, dead-letter, release, renew, key-head repair, start-up checks;
+              updates only lease and bookkeeping columns, writes dead letters only through
+              dead_letter() (the row's own content); no DDL, no right on subscriptions
   inspector   status, peek, dead-letters list/show, subscriptions list (read only; no payload column
-              of messages except through the unprocessed view)
+              of messages except through the unprocessed view, no lease token)
 Subscribing and unsubscribing stay with the schema's owner (or a worker with --worker-can-subscribe,
 which may add subscriptions only).
 Each named role is first stripped of its rights on the schema's tables, functions and sequences, then
@@ -29,7 +31,8 @@ Options:
   --worker ROLES           roles that run the worker or relays
   --inspector ROLES        roles that inspect (status, peek, dead-letters list/show)
   --inspector-can-repair   inspectors may also replay and purge dead letters
-  --worker-can-expire      workers may also delete old dead letters (deadLetterRetentionMs)
+  --worker-can-expire      workers may also expire old dead letters (deadLetterRetentionMs,
+                           through expire_dead_letters())
   --worker-can-follow-up   workers may also insert messages (handlers that publish follow-ups)
   --worker-can-subscribe   workers may also add subscriptions (their queues' declared ones, at start);
                            never change or remove one
@@ -128,6 +131,9 @@ export async function grantCommand(argv: string[], io: CliIo): Promise<number> {
     // All or nothing: a role is never left stripped of its rights and not granted the new ones.
     await client.query("BEGIN");
     try {
+      // Pods starting at once each run grant (deploy/kubernetes): two concurrent GRANTs on one table fail
+      // with "tuple concurrently updated", so they take turns, and wait for a migration in progress.
+      await client.query(migrationStatements(outboxNames(schema)).lockTransaction);
       for (const statement of grantStatements(plan)) await client.query(statement);
       await client.query("COMMIT");
     } catch (error) {

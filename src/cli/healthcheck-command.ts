@@ -10,7 +10,7 @@ HEALTHCHECK or a liveness/readiness probe: it needs no curl, only the node that 
 
 Options:
   --port N             the service's HTTP port (default: OUTBOX_HTTP_PORT)
-  --liveness           GET /healthz (the process answers) instead of /readyz (it can deliver)
+  --liveness           GET /healthz (the process answers) instead of /readyz (its database answers)
   --timeout-ms MS      give up after MS milliseconds (default 3000)
   --host ADDRESS       where to ask (default: OUTBOX_HTTP_HOST when it names one address, else 127.0.0.1)
   -h, --help           show this help`;
@@ -107,13 +107,6 @@ export function failingChecks(body: string): string | undefined {
   const parts: string[] = [];
   for (const [name, check] of Object.entries(report.checks ?? {})) {
     if (typeof check !== "object" || check === null || check.ok !== false) continue;
-    if (name === "relays" && typeof check.relays === "object" && check.relays !== null) {
-      const relays = Object.entries(check.relays as Record<string, Record<string, unknown>>)
-        .filter(([, relay]) => relay?.state !== "ok")
-        .map(([queue, relay]) => `${queue} (${relay?.type}) ${detail(relay)}`);
-      parts.push(`relays: ${relays.join(", ") || "not ok"}`);
-      continue;
-    }
     parts.push(`${name}: ${detail(check)}`);
   }
   return parts.length ? parts.join("; ") : undefined;

@@ -1,6 +1,7 @@
 import { MAX_LIMIT, MESSAGE_STATES, type MessageState, peekMessages } from "../inspect/peek.js";
 import { DEFAULT_SCHEMA } from "../sql/names.js";
-import { parseCommandArgs, UsageError, withDatabase } from "./args.js";
+import { parseCommandArgs, UsageError } from "./args.js";
+import { COMMAND_NEEDS, withCheckedDatabase } from "./checked-database.js";
 import { cell, formatAge, jsonCell, printJson, renderTable } from "./format.js";
 import { type CliIo, print } from "./io.js";
 
@@ -61,7 +62,7 @@ export async function peekCommand(argv: string[], io: CliIo): Promise<number> {
     state: parseState(values.state),
     limit: parseLimit(values.limit),
   };
-  return withDatabase(values, io.env, "outbox-peek", async (client, schema) => {
+  return withCheckedDatabase(values, io.env, "outbox-peek", COMMAND_NEEDS.peek, async (client, schema) => {
     const rows = await peekMessages(client, schema, options);
     if (values.json) {
       printJson(io, rows);

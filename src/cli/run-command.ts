@@ -6,19 +6,22 @@ import { StartupError } from "../service/startup.js";
 import { redactConnectionString } from "../util/redact.js";
 import { parseCommandArgs, UsageError } from "./args.js";
 import { type CliIo, print, printError } from "./io.js";
+import { npmShellParent, watchParent } from "./npm-parent.js";
 
 export const runUsage = `Usage: outbox-worker run [--config FILE] [--handlers MODULE] [options]
 
 Run the worker as a service: deliver outbox rows to the handlers in MODULE and/or to the built-in relays
 in the config. Without DATABASE_URL it starts an embedded Postgres in ./.outbox-data (and migrates it).
 SIGTERM or SIGINT stops gracefully (exit 0); a second signal exits at once; a fatal failure exits 1.
+Where signals matter (a container, a supervisor), start the binary itself, not through npx or an npm
+script: \`exec outbox-worker run …\` (npm passes SIGTERM to its shell, which does not pass it on).
 
 Options (each also settable in the config file and the environment; see README "Configuration"):
   --config FILE        JSON, or a JS/TS module exporting the config (default: OUTBOX_CONFIG)
   --handlers MODULE    module exporting { "queue": handler, ... } (OUTBOX_HANDLERS)
   --database-url URL   Postgres connection string (DATABASE_URL)
   --schema NAME        outbox schema (OUTBOX_SCHEMA, default outbox)
-  --http-port N        serve /healthz, /readyz and /metrics on port N (OUTBOX_HTTP_PORT)
+  --http-port N        serve /healthz, /readyz, /relays and /metrics on port N (OUTBOX_HTTP_PORT)
   --log-level LEVEL    fatal, error, warn, info, debug, trace, silent (OUTBOX_LOG_LEVEL)
   --migrate            apply migrations before starting (OUTBOX_MIGRATE)
   -h, --help           show this help`;
@@ -65,7 +68,7 @@ export async function runCommand(argv: string[], io: CliIo): Promise<number> {
 
   const log = createLogger(config.log);
   // Signals are caught from the very start: one that arrives while starting stops right after.
-  let signalled: NodeJS.Signals | undefined;
+  let signalled: NodeJS.Signals | "parent exited" | undefined;
   let onStopRequested: (() => void) | undefined;
   const onSignal = (signal: NodeJS.Signals) => {
     if (signalled) {
@@ -79,6 +82,29 @@ export async function runCommand(argv: string[], io: CliIo): Promise<number> {
   };
   process.on("SIGTERM", onSignal);
   process.on("SIGINT", onSignal);
+  const npmShell = npmShellParent(io.env);
+  if (npmShell) {
+    log.warn(
+      { shell: npmShell.shell, script: npmShell.script },
+      "started by npm through a shell, which does not pass SIGTERM on: start it as `exec outbox-worker run …` where signals matter (README: Signals)",
+    );
+    if (npmShell.npmPid === 1) {
+      log.error(
+        "npm is PID 1 here (a container): on SIGTERM it exits at once and this worker dies with it, mid-delivery; start the worker itself (README: Signals)",
+      );
+    }
+    // npm stopped: its shell died of the signal meant for us. A stop request, not a signal: Ctrl-C
+    // reaches us and the shell alike, and must not count twice.
+    watchParent(() => {
+      if (signalled) return;
+      signalled = "parent exited";
+      log.warn(
+        { parent: npmShell.pid },
+        "npm's shell exited (npm was stopped; the signal never reached this worker): stopping gracefully",
+      );
+      onStopRequested?.();
+    });
+  }
 
   let service: Awaited<ReturnType<typeof startService>>;
   try {

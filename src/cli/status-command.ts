@@ -2,7 +2,8 @@ import { queueStatus, workerLeases } from "../inspect/status.js";
 import { NO_SUBSCRIBERS, type TopicStatus, topicStatus } from "../inspect/subscriptions-status.js";
 import { describeTableHealth, tableHealth } from "../inspect/table-health.js";
 import { DEFAULT_SCHEMA } from "../sql/names.js";
-import { parseCommandArgs, UsageError, withDatabase } from "./args.js";
+import { parseCommandArgs, UsageError } from "./args.js";
+import { COMMAND_NEEDS, withCheckedDatabase } from "./checked-database.js";
 import { cell, formatAge, printJson, renderTable } from "./format.js";
 import { type CliIo, print } from "./io.js";
 
@@ -72,7 +73,8 @@ export async function statusCommand(argv: string[], io: CliIo): Promise<number> 
     return 0;
   }
   if (positionals.length > 0) throw new UsageError(`unexpected argument ${JSON.stringify(positionals[0])}`);
-  return withDatabase(values, io.env, "outbox-status", async (client, schema) => {
+  const needs = COMMAND_NEEDS.status;
+  return withCheckedDatabase(values, io.env, "outbox-status", needs, async (client, schema) => {
     // One client, so one statement at a time: in order, and each its own snapshot.
     const rows = await queueStatus(client, schema);
     const workers = await workerLeases(client, schema);

@@ -5,9 +5,11 @@
  * was taken over by another worker (`lease_lost`) and is not touched again; one answered busy (a producer
  * of its key has not committed) is written again later.
  */
+
+import { FOLLOW_UPS_REFUSED } from "../contract/follow-up.js";
 import { type HeldRow, settle } from "../lease/held.js";
 import type { Outcome, OutcomeOf } from "../lease/outcome.js";
-import { handedOffBy, type Landed, type Lease, type LeaseStore } from "../lease/store.js";
+import { followUpsRefused, handedOffBy, type Landed, type Lease, type LeaseStore } from "../lease/store.js";
 import { backoffDelay } from "../retry/strategies.js";
 
 export type { Outcome };
@@ -172,6 +174,7 @@ export class Completer {
         );
         const failure = results.find((r): r is PromiseRejectedResult => r.status === "rejected");
         if (!failure) return;
+        if (this.#refuseFollowUps(kinds, failure.reason)) continue;
         failures++;
         this.#failing.set(batch, failures);
         const error = failure.reason instanceof Error ? failure.reason : new Error(String(failure.reason));
@@ -189,6 +192,33 @@ export class Completer {
     } finally {
       this.#failing.delete(batch);
     }
+  }
+
+  /**
+   * The worker's role may not insert follow-ups (no `--worker-can-follow-up`): no retry can help, and the
+   * leases would run out while it tried (lease lost, redelivery, until max_deliveries). The acks that carry
+   * follow-ups become dead letters naming the grant, at once; the batch's other acks are written again as
+   * they were. False when `error` is not that refusal.
+   */
+  #refuseFollowUps(kinds: Map<Outcome["kind"], Outcome[]>, error: unknown): boolean {
+    const acks = kinds.get("ack");
+    if (!acks || !followUpsRefused(error)) return false;
+    const refused = acks.filter((o) => o.kind === "ack" && (o.followUps?.length ?? 0) > 0);
+    if (refused.length === 0) return false;
+    const rest = acks.filter((o) => !refused.includes(o));
+    if (rest.length > 0) kinds.set("ack", rest);
+    else kinds.delete("ack");
+    const message = (error as Error).message;
+    const dead: Outcome[] = refused.map((o) => ({
+      kind: "dead",
+      held: o.held,
+      reason: FOLLOW_UPS_REFUSED,
+      error: message,
+      attempted: 1,
+      failed: 0,
+    }));
+    kinds.set("dead", [...(kinds.get("dead") ?? []), ...dead]);
+    return true;
   }
 
   /**

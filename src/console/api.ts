@@ -2,12 +2,11 @@ import type { IncomingMessage } from "node:http";
 import { OutboxConfigError } from "../contract/errors.js";
 import {
   getDeadLetter,
-  listDeadLetters,
   purgeDeadLetters,
   type ReplayFilter,
   replayDeadLetters,
 } from "../inspect/dead-letters.js";
-import { type MessageState, peekMessages } from "../inspect/peek.js";
+import { deadLetterPage, getMessage, messagePage } from "../inspect/list-pages.js";
 import { queueStatus, workerLeases } from "../inspect/status.js";
 import { topicStatus } from "../inspect/subscriptions-status.js";
 import type { Executor } from "../sql/executor.js";
@@ -85,16 +84,20 @@ export function createApi(opts: { db: Executor; schema: string; history: History
       };
     },
     workers: () => workerLeases(db, schema),
+    // Lists are pages with payloads cut to a preview; the whole record is one more request (by id).
     peek: (params: URLSearchParams) =>
-      peekMessages(db, schema, {
+      messagePage(db, schema, {
         queue: optionalParam(params, "queue"),
-        state: optionalParam(params, "state") as MessageState | undefined,
+        state: optionalParam(params, "state"),
+        after: optionalParam(params, "after"),
         limit: optionalLimit(params),
       }),
+    message: (id: string) => getMessage(db, schema, id),
     deadLetters: (params: URLSearchParams) =>
-      listDeadLetters(db, schema, {
+      deadLetterPage(db, schema, {
         queue: optionalParam(params, "queue"),
         reason: optionalParam(params, "reason"),
+        before: optionalParam(params, "before"),
         limit: optionalLimit(params),
       }),
     deadLetter: (id: string) => getDeadLetter(db, schema, id),

@@ -11,6 +11,8 @@ export interface ConsoleTokens {
 export interface Refusal {
   status: 401 | 403;
   error: string;
+  /** A token was given and did not fit: an attempt worth logging (a missing one is a page not signed in). */
+  wrongToken?: boolean;
 }
 
 const digest = (text: string) => createHash("sha256").update(text, "utf8").digest();
@@ -38,7 +40,7 @@ export function checkRead(req: IncomingMessage, tokens: ConsoleTokens): Refusal 
   const given = bearerToken(req);
   if (given === undefined) return { status: 401, error: "this console needs a token to read" };
   if (tokenMatches(given, tokens.readToken) || tokenMatches(given, tokens.writeToken)) return undefined;
-  return { status: 403, error: "wrong token" };
+  return { status: 403, error: "wrong token", wrongToken: true };
 }
 
 /** Writes (replay, purge): only with the write token, and never when none is configured. */
@@ -52,5 +54,7 @@ export function checkWrite(req: IncomingMessage, tokens: ConsoleTokens): Refusal
   }
   const given = bearerToken(req);
   if (given === undefined) return { status: 401, error: "replay and purge need the write token" };
-  return tokenMatches(given, tokens.writeToken) ? undefined : { status: 403, error: "wrong token" };
+  return tokenMatches(given, tokens.writeToken)
+    ? undefined
+    : { status: 403, error: "wrong token", wrongToken: true };
 }

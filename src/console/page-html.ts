@@ -6,9 +6,20 @@ export function escapeHtml(text: string): string {
   );
 }
 
+/** Page controls under a list: keyset pages, so "previous" walks back the cursors the page went through. */
+function pager(list: string, nextLabel: string): string {
+  return `<div class="pager" id="${list}-pager">
+    <button type="button" id="${list}-first">« First</button>
+    <button type="button" id="${list}-prev">‹ Previous</button>
+    <span id="${list}-page" class="muted"></span>
+    <button type="button" id="${list}-next">${nextLabel}</button>
+  </div>`;
+}
+
 /**
  * The page's static shell: no data in it (the script fetches everything and renders it as text), so it
- * is the same for every viewer and needs no token.
+ * is the same for every viewer and needs no token. The notice, confirmation and detail boxes wait in
+ * #boxes until the script moves one beside the row or form it belongs to.
  */
 export function consoleHtml(pathPrefix: string): string {
   const base = escapeHtml(pathPrefix);
@@ -22,6 +33,7 @@ export function consoleHtml(pathPrefix: string): string {
 <link rel="icon" href="data:,">
 <link rel="stylesheet" href="${base}/console.css">
 <script src="${base}/console.js" defer></script>
+<script src="${base}/relays.js" defer></script>
 </head>
 <body data-base="${base}">
 <header>
@@ -34,13 +46,6 @@ export function consoleHtml(pathPrefix: string): string {
     <button type="button" id="token-clear">Forget</button>
   </form>
 </header>
-<div id="notice" class="notice" role="alert" hidden></div>
-<section id="confirm" class="confirm" hidden aria-live="assertive">
-  <p id="confirm-text"></p>
-  <ul id="confirm-queues"></ul>
-  <button type="button" id="confirm-yes" class="danger">Confirm</button>
-  <button type="button" id="confirm-no">Cancel</button>
-</section>
 <main>
 <section>
   <h2>Queues</h2>
@@ -75,19 +80,20 @@ export function consoleHtml(pathPrefix: string): string {
   <p id="unrouted-note" class="muted" hidden></p>
 </section>
 <section>
-  <h2>Unprocessed <span class="muted">(oldest first)</span></h2>
+  <h2>Unprocessed <span class="muted">(by id, oldest first)</span></h2>
   <form id="peek-form" class="filters">
     <input id="peek-queue" placeholder="queue">
     <select id="peek-state"><option value="">any state</option><option>ready</option><option>blocked</option><option>scheduled</option><option>leased</option><option value="lease_expired">lease expired</option></select>
     <button type="submit">Filter</button>
   </form>
   <table id="peek">
-    <thead><tr><th>Id</th><th>Queue</th><th>State</th><th>Age</th><th>Deliveries</th><th>Acquired by</th><th>Payload</th><th>Last error</th></tr></thead>
+    <thead><tr><th>Id</th><th>Queue</th><th>State</th><th>Age</th><th>Deliveries</th><th>Acquired by</th><th>Payload</th><th>Last error</th><th></th></tr></thead>
     <tbody></tbody>
   </table>
+  ${pager("peek", "Next (newer) ›")}
 </section>
 <section>
-  <h2>Dead letters</h2>
+  <h2>Dead letters <span class="muted">(by id, newest first)</span></h2>
   <form id="dead-form" class="filters">
     <input id="dead-queue" placeholder="queue">
     <input id="dead-reason" placeholder="reason">
@@ -104,12 +110,30 @@ export function consoleHtml(pathPrefix: string): string {
     <thead><tr><th>Id</th><th>Queue</th><th>Reason</th><th>Died</th><th>Payload</th><th>Error</th><th></th></tr></thead>
     <tbody></tbody>
   </table>
-  <div id="dead-detail" class="detail" hidden>
-    <h3>Dead letter <span id="dead-detail-id"></span> <button type="button" id="dead-detail-close">Close</button></h3>
-    <pre id="dead-detail-body"></pre>
-  </div>
+  ${pager("dead", "Next (older) ›")}
+</section>
+<section>
+  <h2>Relays <span class="muted">(whether each built-in relay reaches its broker; not part of readiness)</span></h2>
+  <table id="relays">
+    <thead><tr><th>Queue</th><th>Type</th><th>State</th><th>Target</th><th>Last error</th></tr></thead>
+    <tbody></tbody>
+  </table>
+  <p id="relays-note" class="muted"></p>
 </section>
 </main>
+<div id="boxes" hidden>
+  <div id="notice" class="notice" role="alert"></div>
+  <div id="confirm" class="confirm" aria-live="assertive">
+    <p id="confirm-text"></p>
+    <ul id="confirm-queues"></ul>
+    <button type="button" id="confirm-yes" class="danger">Confirm</button>
+    <button type="button" id="confirm-no">Cancel</button>
+  </div>
+  <div id="detail" class="detail">
+    <h3><span id="detail-title"></span> <button type="button" id="detail-close">Close</button></h3>
+    <pre id="detail-body"></pre>
+  </div>
+</div>
 </body>
 </html>
 `;

@@ -25,9 +25,15 @@ input, select, button { font: inherit; padding: 3px 8px; border: 1px solid #c9ce
 button { cursor: pointer; }
 button:disabled { cursor: not-allowed; opacity: .5; }
 button.danger { border-color: var(--bad); color: var(--bad); }
-.notice { margin: 12px 24px 0; padding: 8px 12px; border-radius: 6px; background: #ecfdf3; border: 1px solid #abefc6; }
+.notice { margin: 6px 0; padding: 8px 12px; border-radius: 6px; background: #ecfdf3; border: 1px solid #abefc6; }
 .notice.error { background: #fef3f2; border-color: #fecdca; color: var(--bad); }
-.confirm { margin: 12px 24px 0; padding: 12px 16px; border-radius: 8px; background: #fffaeb; border: 1px solid #fedf89; }
+.confirm { margin: 6px 0; padding: 12px 16px; border-radius: 8px; background: #fffaeb; border: 1px solid #fedf89; }
+td.box { padding: 0 8px 4px; border-bottom: 1px solid var(--line); }
+.alarm { color: var(--bad); }
+.pager { display: flex; gap: 6px; align-items: center; margin-top: 8px; }
+/* A bidi control made visible; each cell also isolates its text from its neighbours' direction. */
+.ctl { padding: 0 2px; border: 1px solid var(--line); border-radius: 3px; color: var(--bad); font-size: 11px; }
+td { unicode-bidi: isolate; }
 .confirm p { margin: 0 0 6px; font-weight: 600; }
 .chart svg { width: 100%; height: 160px; display: block; }
 .chart .axis { stroke: var(--line); }

@@ -35,3 +35,10 @@ export interface PreparedFollowUp {
   readonly delayMs: number | null;
   readonly availableAt: Date | null;
 }
+
+/**
+ * The dead-letter reason of a message whose handler returned follow-ups the worker's role may not insert
+ * (granted without `--worker-can-follow-up`): dead-lettered at once, rather than left to cycle through
+ * lease expiry until max_deliveries. Grant the option, then replay it (its handler runs again).
+ */
+export const FOLLOW_UPS_REFUSED = "follow_ups_refused";

@@ -45,7 +45,7 @@ export function checkOptionalText(value: string | undefined, field = "queue"): s
   return value;
 }
 
-function checkState(state: string | undefined): MessageState | null {
+export function checkState(state: string | undefined): MessageState | null {
   if (state === undefined) return null;
   if (!(MESSAGE_STATES as readonly string[]).includes(state)) {
     throw new OutboxConfigError(

@@ -102,15 +102,24 @@ async function insertingFollowUps<T>(write: () => Promise<T>): Promise<T> {
     if ((error as { code?: unknown }).code !== "42501") throw error;
     throw Object.assign(
       new OutboxError(
-        `cannot insert follow-up messages: ${(error as Error).message} (the worker's role needs INSERT on messages: outbox-worker grant --worker <role> --worker-can-follow-up)`,
+        `cannot insert follow-up messages: ${(error as Error).message} (the worker's role needs INSERT on messages: outbox-worker grant --worker <role> --worker-can-follow-up, then replay this dead letter)`,
         { cause: error },
       ),
-      { code: "42501" },
+      { code: "42501", followUpsRefused: true },
     );
   }
 }
 
-export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
+/** The Postgres lease store, which can also be told to stop naming its statements. */
+export interface PgLeaseStore extends LeaseStore {
+  /**
+   * Every statement from now on is unnamed: a transaction-mode pooler was found before any failed.
+   * False when they already were (the option, or a lost statement seen earlier).
+   */
+  useUnnamedStatements(): boolean;
+}
+
+export function createPgLeaseStore(options: PgLeaseStoreOptions): PgLeaseStore {
   const settings = { synchronousCommit: options.synchronousCommit };
   const leaseSql = fetchStatement(options.names, settings, options.queues.length === 1);
   const sql = completeStatements(options.names, settings);
@@ -419,6 +428,12 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
   const held = <W extends { held: Delivery }>(writes: readonly W[]) => writes.map((w) => w.held);
 
   return {
+    useUnnamedStatements() {
+      const was = prepared;
+      prepared = false;
+      return was;
+    },
+
     async lease(limit, maxBytes, keep = []) {
       const token = randomUUID();
       const split = shares.split(limit);
@@ -470,7 +485,9 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): LeaseStore {
     async deadLetter(unsorted: readonly DeadWrite[], handOff = 0) {
       const writes = byId(unsorted);
       if (writes.some((w) => w.held.key !== null)) return completeKeyed(writes, handOff, deadRound);
-      return landed(await query(sql.dead, deadParams(writes)));
+      const [row] = await query(sql.dead, deadParams(writes));
+      // Null keys: every delivery was moved.
+      return row?.keys ? landedByKey(new Set(row.keys), key) : allLanded(writes.length);
     },
 
     async release(deliveries) {

@@ -147,6 +147,11 @@ export function withHandOff(error: unknown, handedOff: Lease): HandOffError {
   return Object.assign(e, { handedOff });
 }
 
+/** A write refused because the worker's role may not insert follow-ups (no `--worker-can-follow-up`). */
+export function followUpsRefused(error: unknown): boolean {
+  return error instanceof Error && (error as { followUpsRefused?: unknown }).followUpsRefused === true;
+}
+
 /** The rows a failed write handed off, if any. */
 export function handedOffBy(error: unknown): Lease | undefined {
   return error instanceof Error && "handedOff" in error ? (error as HandOffError).handedOff : undefined;

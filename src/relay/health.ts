@@ -10,7 +10,7 @@
  */
 export type RelayState = "connecting" | "ok" | "unreachable" | "misconfigured";
 
-/** A relay's state, as `/readyz` shows it. */
+/** A relay's state, as the service's `/relays` shows it. */
 export interface RelayHealth {
   state: RelayState;
   /** Where messages go, credentials hidden, e.g. `nats nats://127.0.0.1:4222 subject orders.shipped`. */

@@ -12,7 +12,7 @@ export interface Relay {
   readonly handler: Handler;
   /**
    * Whether the target can take messages: what the last connect and publish said, refreshed by a cheap
-   * probe of the broker where there is one (bounded by the relay's `timeoutMs`). `/readyz` shows it.
+   * probe of the broker where there is one (bounded by the relay's `timeoutMs`). `/relays` shows it.
    */
   health(): Promise<RelayHealth>;
   close(): Promise<void>;

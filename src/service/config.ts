@@ -1,13 +1,16 @@
 import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { z } from "zod";
+import { ALLOWED_HOST_PATTERN, isLoopbackHost } from "../console/host-check.js";
 import { validateQueueName } from "../contract/queue.js";
 import { validateTopicPattern } from "../contract/topic.js";
 import { relayConfigSchema } from "../relay/config.js";
 import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
+import { editDistance } from "../util/edit-distance.js";
 import { parseJsonQuietly } from "../util/json-error.js";
 import { scrubSecrets } from "../util/redact.js";
 import { tuningIssues, workerTuningShape } from "../worker/options.js";
+import { SERVICE_PATHS } from "./http-server.js";
 import { importUserModule } from "./user-module.js";
 
 /**
@@ -99,9 +102,6 @@ const workerSchema = z.strictObject(workerTuningShape).superRefine((worker, ctx)
 /** Where the HTTP server binds unless http.host says otherwise. */
 export const DEFAULT_HTTP_HOST = "127.0.0.1";
 
-/** The paths the HTTP server serves itself: a console prefix must not shadow one of them. */
-const SERVICE_PATHS = ["/healthz", "/readyz", "/metrics"];
-
 /** A token is compared as text in an Authorization header: long enough not to be guessed. */
 const consoleToken = z.string().min(16, { message: "must be at least 16 characters (use a random token)" });
 
@@ -123,6 +123,19 @@ const consoleSchema = z.strictObject({
     }),
   writeToken: consoleToken.optional(),
   readToken: consoleToken.optional(),
+  // Names only: an IP literal, localhost and http.host are always answered (see host-check.ts).
+  allowedHosts: z
+    .array(
+      z.string().superRefine((value, ctx) => {
+        if (!ALLOWED_HOST_PATTERN.test(value)) {
+          ctx.addIssue({
+            code: "custom",
+            message: `must be a host name without scheme or port, e.g. "ops.example.com", or ".example.com" for it and its subdomains, got ${JSON.stringify(value)}`,
+          });
+        }
+      }),
+    )
+    .default([]),
 });
 
 // Every check sits on its own field, none on the whole object: zod skips an object's refinements once
@@ -156,6 +169,14 @@ export const serviceConfigSchema = z.strictObject({
       message: `must be at least ${DEAD_LETTER_RETENTION_MIN_MS} (1 hour): the value is in milliseconds, e.g. 604800000 for 7 days`,
     })
     .optional(),
+  // 0 is off. Under a second, a queue between two fetches of a busy worker could pass for unserved.
+  unservedQueueWarnMs: z
+    .number()
+    .int()
+    .min(0)
+    .max(86_400_000)
+    .refine((ms) => ms === 0 || ms >= 1000, { message: "must be 0 (off) or at least 1000 (1 s)" })
+    .default(300_000),
   worker: workerSchema.default(() => workerSchema.parse({})),
   http: z
     .strictObject({
@@ -175,7 +196,7 @@ export const serviceConfigSchema = z.strictObject({
 export type ServiceConfig = z.output<typeof serviceConfigSchema>;
 export type ServiceConfigInput = z.input<typeof serviceConfigSchema>;
 
-type FieldType = "string" | "integer" | "number" | "boolean" | "json" | "enum";
+type FieldType = "string" | "integer" | "number" | "boolean" | "json" | "enum" | "list";
 
 /** One settable leaf of the config: where it lives, its environment variable, and what it is for. */
 export interface ConfigField {
@@ -200,7 +221,8 @@ const TUNING_DESCRIPTIONS: Record<keyof typeof workerTuningShape, string> = {
   listen: "wake on LISTEN/NOTIFY (polling always runs)",
   synchronousCommit:
     "wait for the WAL flush on the worker's own writes (off: a server crash can only redeliver)",
-  preparedStatements: "named prepared statements; false behind PgBouncer in transaction mode",
+  preparedStatements:
+    "named prepared statements, unless a transaction-mode pooler (PgBouncer) is found at start; false: never",
   queryTimeoutMs: "bound on each database round trip (default leaseTtlMs / 3, at most 10 s)",
   handlerTimeoutMs: "run time after which a handler is aborted and its attempt fails (timeout)",
   poolSize:
@@ -289,6 +311,13 @@ export const configFields: ConfigField[] = [
     description:
       "delete dead letters older than this (at least 1 hour), a few hundred rows at a time every minute; unset: kept forever",
   },
+  {
+    path: "unservedQueueWarnMs",
+    env: "OUTBOX_UNSERVED_QUEUE_WARN_MS",
+    type: "integer",
+    description:
+      "warn once per queue whose oldest ready message waited this long with no lease on it (every gaugeIntervalMs); 0: off",
+  },
   ...Object.entries(TUNING_DESCRIPTIONS).map(([key, description]) => ({
     path: `worker.${key}`,
     env: envName(key),
@@ -299,7 +328,7 @@ export const configFields: ConfigField[] = [
     path: "http.port",
     env: "OUTBOX_HTTP_PORT",
     type: "integer",
-    description: "port for /healthz, /readyz, /metrics and the console; unset: no HTTP server",
+    description: "port for /healthz, /readyz, /relays, /metrics and the console; unset: no HTTP server",
   },
   {
     path: "http.host",
@@ -336,7 +365,15 @@ export const configFields: ConfigField[] = [
     path: "console.readToken",
     env: "OUTBOX_CONSOLE_READ_TOKEN",
     type: "string",
-    description: "secret bearer token every console read needs; unset: reads are open",
+    description:
+      "secret bearer token every console read needs; unset: reads are open, allowed only when http.host is loopback",
+  },
+  {
+    path: "console.allowedHosts",
+    env: "OUTBOX_CONSOLE_ALLOWED_HOSTS",
+    type: "list",
+    description:
+      "names the console answers besides IPs, localhost and http.host; comma-separated; `.example.com` adds its subdomains",
   },
   { path: "log.level", env: "OUTBOX_LOG_LEVEL", type: "enum", description: LOG_LEVELS.join(", ") },
   {
@@ -372,6 +409,13 @@ function parseEnvValue(field: ConfigField, raw: string): { value?: unknown; prob
       if (["false", "0", "no", "off"].includes(v)) return { value: false };
       return { problem: `${where}: expected true or false, got ${JSON.stringify(raw)}` };
     }
+    case "list":
+      return {
+        value: raw
+          .split(",")
+          .map((item) => item.trim())
+          .filter((item) => item !== ""),
+      };
     case "json":
       try {
         return { value: parseJsonQuietly(raw) };
@@ -447,22 +491,6 @@ function fieldLabel(issuePath: PropertyKey[]): string {
   return field ? `${dotted} (${field.env})` : dotted || "(config)";
 }
 
-function editDistance(a: string, b: string): number {
-  let prev = Array.from({ length: b.length + 1 }, (_, i) => i);
-  for (let i = 1; i <= a.length; i++) {
-    const next = [i];
-    for (let j = 1; j <= b.length; j++) {
-      next[j] = Math.min(
-        (prev[j] ?? 0) + 1,
-        (next[j - 1] ?? 0) + 1,
-        (prev[j - 1] ?? 0) + (a[i - 1] === b[j - 1] ? 0 : 1),
-      );
-    }
-    prev = next;
-  }
-  return prev[b.length] ?? 0;
-}
-
 /** A typo is the commonest config mistake: name the field we think was meant. */
 function unknownField(dotted: string): string {
   const best = configFields
@@ -506,6 +534,11 @@ export function crossFieldProblems(config: ServiceConfig): string[] {
   if (config.console.enabled && config.http.port === undefined) {
     problems.push(
       "console.enabled (OUTBOX_CONSOLE_ENABLED): the console is served by the HTTP server: set http.port (OUTBOX_HTTP_PORT) too",
+    );
+  }
+  if (config.console.enabled && config.console.readToken === undefined && !isLoopbackHost(config.http.host)) {
+    problems.push(
+      `console.readToken (OUTBOX_CONSOLE_READ_TOKEN): required when the console is on and http.host (OUTBOX_HTTP_HOST) is ${JSON.stringify(config.http.host)}, not a loopback address: without it anyone who reaches the port reads every payload and dead letter`,
     );
   }
   return problems;

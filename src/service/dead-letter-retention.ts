@@ -87,6 +87,8 @@ export function createDeadLetterRetention(opts: DeadLetterRetentionOptions): Dea
   let stopped = false;
   let timer: NodeJS.Timeout | undefined;
   let running: Promise<DeadLetterRetentionRun> | undefined;
+  // The last run was refused for want of a right (said once, until a run works again).
+  let refusedBefore = false;
   // Wakes a run out of its pause between batches when stop() is called.
   let wakePause: (() => void) | undefined;
 
@@ -153,8 +155,20 @@ export function createDeadLetterRetention(opts: DeadLetterRetentionOptions): Dea
           "expired dead letters deleted",
         );
       }
+      refusedBefore = false;
     } catch (error) {
       result.error = error;
+      if ((error as { code?: unknown } | null)?.code === "42501") {
+        // A right taken away (or never given): one line naming the grant, not the same error every run.
+        if (!refusedBefore) {
+          log.error(
+            { error: (error as Error).message, retentionMs: opts.retentionMs },
+            "dead-letter retention refused: the worker's role may not expire dead letters; as the schema's owner, run `outbox-worker grant --worker <role> --worker-can-expire` (with the role's other options); retention tries again every run and says nothing more until it works",
+          );
+        }
+        refusedBefore = true;
+        return result;
+      }
       log.warn(
         { err: error, deleted: result.deleted, batches: result.batches },
         "dead-letter retention failed; the next run tries again",

@@ -11,6 +11,8 @@ export interface HttpServerOptions {
   host?: string;
   metrics: { registry: Registry };
   readiness: { check(): Promise<{ ready: boolean }> };
+  /** Served at /relays (a report, always 200); without it, /relays reports no relay. */
+  relays?: { check(): Promise<unknown> };
   logger?: Logger;
   /** The operator console, served under its own prefix when given. */
   console?: ConsoleHandler;
@@ -27,7 +29,9 @@ export interface HttpServer {
 const DEFAULT_CLOSE_GRACE_MS = 2000;
 /** Loopback: metrics, probes and the console are not for the network unless the config says so. */
 export const DEFAULT_HOST = "127.0.0.1";
-const ROUTES = new Set(["/healthz", "/readyz", "/metrics"]);
+/** Every path the server answers itself; the console's prefix may shadow none (config.ts says so). */
+export const SERVICE_PATHS: readonly string[] = ["/healthz", "/readyz", "/relays", "/metrics"];
+const ROUTES = new Set(SERVICE_PATHS);
 
 function send(res: ServerResponse, status: number, contentType: string, body: string) {
   res.writeHead(status, {
@@ -41,7 +45,7 @@ function send(res: ServerResponse, status: number, contentType: string, body: st
 const json = (res: ServerResponse, status: number, value: unknown) =>
   send(res, status, "application/json; charset=utf-8", JSON.stringify(value));
 
-/** /healthz, /readyz and /metrics on node:http, and the console under its prefix when on: nothing else. */
+/** /healthz, /readyz, /relays and /metrics on node:http, and the console under its prefix when on: nothing else. */
 export function startHttpServer(opts: HttpServerOptions): Promise<HttpServer> {
   const log = opts.logger ?? pino({ name: "outbox-http" });
   const graceMs = opts.closeGraceMs ?? DEFAULT_CLOSE_GRACE_MS;
@@ -64,6 +68,8 @@ export function startHttpServer(opts: HttpServerOptions): Promise<HttpServer> {
         return json(res, 503, { ready: false, error: "readiness check failed" });
       }
     }
+    // 200 whatever the relays say: a report for people and dashboards, never a probe (README says why).
+    if (path === "/relays") return json(res, 200, (await opts.relays?.check()) ?? { ok: true, relays: {} });
     const body = await opts.metrics.registry.metrics();
     return send(res, 200, opts.metrics.registry.contentType, body);
   }

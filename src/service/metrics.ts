@@ -7,6 +7,7 @@ import { tableHealth } from "../inspect/table-health.js";
 import type { ListenerState } from "../notify/notifier.js";
 import type { Worker } from "../worker/worker.js";
 import type { DeadLetterRetention } from "./dead-letter-retention.js";
+import { RELAY_STATES, type RelayStatus, type RelaysReport } from "./relay-status.js";
 
 export interface MetricsOptions {
   pool: pg.Pool;
@@ -26,6 +27,8 @@ export interface Metrics {
   observe(worker: Worker): () => void;
   /** Count the dead letters the retention job deletes from now on; returns the unsubscribe function. */
   observeRetention(retention: DeadLetterRetention): () => void;
+  /** Export each relay's state (`outbox_relay_state`), checked at every gauge refresh. */
+  observeRelays(relays: RelayStatus): void;
   /** Refresh the queue gauges periodically. The timer does not hold the process open. */
   start(): void;
   /** Refresh the queue gauges now; waits for a refresh already running, then runs a fresh one. */
@@ -139,6 +142,12 @@ export function createMetrics(opts: MetricsOptions): Metrics {
     ),
   };
   const seenQueues = new Set<string>();
+  const relayState = gauge(
+    "outbox_relay_state",
+    "1 for a built-in relay's current state (ok, unreachable, misconfigured, connecting), per queue.",
+    ["queue", "type", "state"],
+  );
+  let relays: RelayStatus | undefined;
   const subscriptions = gauge(
     "outbox_subscriptions",
     "Topic patterns the queue is subscribed to (rows of the subscriptions table).",
@@ -237,6 +246,14 @@ export function createMetrics(opts: MetricsOptions): Metrics {
     }
   }
 
+  function setRelayGauges(report: RelaysReport) {
+    for (const [queue, relay] of Object.entries(report.relays)) {
+      for (const state of RELAY_STATES) {
+        relayState.set({ queue, type: relay.type, state }, state === relay.state ? 1 : 0);
+      }
+    }
+  }
+
   let lastErrorLogAt = Number.NEGATIVE_INFINITY;
   let suppressed = 0;
   function refreshFailed(error: unknown) {
@@ -255,8 +272,13 @@ export function createMetrics(opts: MetricsOptions): Metrics {
   let queued: Promise<void> | undefined;
   function refresh(): Promise<void> {
     if (!running) {
-      // Two connections at most, as the pool sizes for: the topic statements follow the table's.
-      running = Promise.all([queueStatus(opts.pool, opts.schema), refreshTable().then(refreshTopics)])
+      // Two connections at most, as the pool sizes for: the topic statements follow the table's. The
+      // relays' check never rejects, and is set even when the database is down.
+      running = Promise.all([
+        queueStatus(opts.pool, opts.schema),
+        refreshTable().then(refreshTopics),
+        relays?.check().then(setRelayGauges),
+      ])
         .then(
           ([rows]) => setGauges(rows),
           (error: unknown) => {
@@ -322,6 +344,9 @@ export function createMetrics(opts: MetricsOptions): Metrics {
     registry,
     observe,
     observeRetention: (retention) => retention.onExpired((e) => expiredDead.inc({ queue: e.queue }, e.count)),
+    observeRelays(status) {
+      relays = status;
+    },
     start() {
       if (active) return;
       active = true;

@@ -1,29 +1,28 @@
 import type pg from "pg";
 import { migrationState } from "../migrate/migrator.js";
 import type { ListenerState } from "../notify/notifier.js";
-import type { RelayHealth } from "../relay/health.js";
-import type { Relay } from "../relay/relay.js";
 import { runQuery } from "../sql/executor.js";
 import { pingStatement } from "../sql/probes.js";
 import { registerSecrets, registerUrlSecrets, scrubSecrets } from "../util/redact.js";
 import type { Worker } from "../worker/worker.js";
+import { timeBound } from "./time-bound.js";
 
 export interface ReadinessOptions {
   pool: pg.Pool;
   schema: string;
   /** Whether the worker LISTENs; when off the listener check always passes. */
   listen: boolean;
-  /** Bound on each database round trip of a check, and on each relay's probe. */
+  /** Bound on each database round trip of a check. */
   timeoutMs?: number;
-  /** Built-in relays by queue: ready only while each can reach its target and the target exists. */
-  relays?: Record<string, Pick<Relay, "kind" | "health">>;
 }
-
-/** One relay in the report: its type and health. */
-export type RelayReport = { type: string } & RelayHealth;
 
 export type WorkerState = "new" | "running" | "stopping" | "stopped" | "fatal";
 
+/**
+ * What `/readyz` answers: whether this worker can do its work, which needs the database and nothing
+ * else. A relay's broker being down is not here (see relay-status.ts): it would take every replica out
+ * of rotation at once for an outage none of them can fix.
+ */
 export interface ReadinessReport {
   ready: boolean;
   checks: {
@@ -31,7 +30,6 @@ export interface ReadinessReport {
     migrations: { ok: boolean; pending?: number[]; error?: string };
     listener: { ok: boolean; state: ListenerState | "disabled"; note?: string };
     worker: { ok: boolean; state: WorkerState; error?: string };
-    relays: { ok: boolean; relays: Record<string, RelayReport> };
   };
 }
 
@@ -61,15 +59,7 @@ export function createReadiness(opts: ReadinessOptions): Readiness {
     return scrubSecrets(error instanceof Error ? error.message : String(error));
   }
 
-  function within<T>(promise: Promise<T>, what: string): Promise<T> {
-    let timer: NodeJS.Timeout | undefined;
-    const timeout = new Promise<never>((_, reject) => {
-      timer = setTimeout(() => reject(new Error(`${what} timed out after ${timeoutMs} ms`)), timeoutMs);
-    });
-    // The losing promise still settles later; its rejection must not become an unhandled one.
-    promise.catch(() => {});
-    return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
-  }
+  const within = <T>(promise: Promise<T>, what: string) => timeBound(promise, timeoutMs, what);
 
   async function database(): Promise<ReadinessReport["checks"]["database"]> {
     try {
@@ -106,26 +96,9 @@ export function createReadiness(opts: ReadinessOptions): Readiness {
     return { ok: workerState === "running", state: workerState };
   }
 
-  async function relays(): Promise<ReadinessReport["checks"]["relays"]> {
-    const entries = await Promise.all(
-      Object.entries(opts.relays ?? {}).map(async ([queue, relay]): Promise<[string, RelayReport]> => {
-        try {
-          const health = await within(relay.health(), `relay ${queue} check`);
-          const report = { type: relay.kind, ...health };
-          if (report.error !== undefined) report.error = describe(report.error);
-          return [queue, report];
-        } catch (error) {
-          return [queue, { type: relay.kind, state: "unreachable", target: "", error: describe(error) }];
-        }
-      }),
-    );
-    // An unreachable broker or a target that cannot exist: this worker cannot deliver those queues.
-    return { ok: entries.every(([, r]) => r.state === "ok"), relays: Object.fromEntries(entries) };
-  }
-
   async function run(): Promise<ReadinessReport> {
-    const [db, mig, rel] = await Promise.all([database(), migrations(), relays()]);
-    const checks = { database: db, migrations: mig, listener: listener(), worker: worker(), relays: rel };
+    const [db, mig] = await Promise.all([database(), migrations()]);
+    const checks = { database: db, migrations: mig, listener: listener(), worker: worker() };
     return { ready: Object.values(checks).every((c) => c.ok), checks };
   }
 

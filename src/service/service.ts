@@ -2,13 +2,16 @@ import pg from "pg";
 import type { Logger } from "pino";
 import { type ConsoleHandler, createConsole } from "../console/console.js";
 import { createHistory } from "../console/history.js";
+import { describeDatabase } from "../console/outage.js";
 import { OutboxError } from "../contract/errors.js";
+import { FOLLOW_UPS_REFUSED } from "../contract/follow-up.js";
 import type { Handler, QueueConfig } from "../contract/handler.js";
 import { type EmbeddedPostgresHandle, startEmbeddedPostgres } from "../embedded/embedded-postgres.js";
 import { migrate } from "../migrate/migrator.js";
 import { defaultEventSource } from "../relay/cloudevents.js";
 import { createRelay } from "../relay/create-relay.js";
 import type { Relay } from "../relay/relay.js";
+import type { GrantOption } from "../sql/grants.js";
 import { redactConnectionString, registerUrlSecrets } from "../util/redact.js";
 import { defaultQueryTimeoutMs } from "../worker/options.js";
 import { createWorker, type StopResult, type Worker } from "../worker/worker.js";
@@ -18,8 +21,10 @@ import { loadHandlersModule, type QueueHandlers } from "./handlers-module.js";
 import { startHttpServer } from "./http-server.js";
 import { createMetrics } from "./metrics.js";
 import { createReadiness } from "./readiness.js";
+import { createRelayStatus } from "./relay-status.js";
 import { registerConfigSecrets } from "./secrets.js";
 import { checkSchema, StartupError, waitForDatabase, warnIfNotVacuumed } from "./startup.js";
+import { createUnservedQueueWatch, type UnservedQueueWatch } from "./unserved-queues.js";
 
 export interface RunningService {
   worker: Worker;
@@ -106,7 +111,21 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
       const result = await migrate({ connection: url, schema: config.schema });
       log.info({ applied: result.applied.map((m) => m.name), version: result.version }, "migrations checked");
     }
-    await checkSchema({ pool, schema: config.schema });
+    // The rights of what this service is configured to do, each missing one named with its grant option.
+    // Follow-ups cannot be known before a handler returns one: checked, said once, never required.
+    const need: GrantOption[] = ["--worker"];
+    if (config.deadLetterRetentionMs !== undefined) need.push("--worker-can-expire");
+    if (declaresSubscriptions(handlers, config)) need.push("--worker-can-subscribe");
+    const optional = (
+      ["--worker-can-follow-up", "--worker-can-expire", "--worker-can-subscribe"] as const
+    ).filter((o) => !need.includes(o));
+    const rights = await checkSchema({ pool, schema: config.schema, need, optional });
+    if (rights.missingOptional.includes("--worker-can-follow-up")) {
+      log.info(
+        { role: rights.role },
+        `follow-ups off: this role may not insert messages, so a handler's follow-ups are refused and its message is dead-lettered (${FOLLOW_UPS_REFUSED}); outbox-worker grant --worker ${rights.role} --worker-can-follow-up allows them`,
+      );
+    }
     await warnIfNotVacuumed(pool, config.schema, log);
 
     const relays: Record<string, Relay> = {};
@@ -117,7 +136,8 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
     }
     for (const [queue, relayConfig] of Object.entries(config.relays)) {
       const relay = await createRelay(relayConfig, {
-        logger: log.child({ relay: relayConfig.type, queue }),
+        // The relay binds its own `relay` field: binding it here too wrote the key twice in every line.
+        logger: log.child({ queue }),
         queue,
         source: defaultEventSource(url, config.schema),
       });
@@ -170,9 +190,11 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
         pool,
         schema: config.schema,
         listen: config.worker.listen,
-        relays,
       });
+      // The relays' reach has an endpoint, a gauge and a console panel of its own, never readiness.
+      const relayStatus = createRelayStatus({ relays });
       metrics.observe(worker);
+      metrics.observeRelays(relayStatus);
       if (retention) metrics.observeRetention(retention);
       readiness.observe(worker);
       // /readyz turns 503 as soon as a stop begins, so a load balancer stops sending work here.
@@ -203,14 +225,20 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
           writeToken: config.console.writeToken,
           readToken: config.console.readToken,
           history,
+          relays: relayStatus,
           logger: log,
+          bindHost: config.http.host,
+          allowedHosts: config.console.allowedHosts,
+          database: describeDatabase(url),
         });
+        closers.push(async () => consoleHandler?.close());
       }
       const server = await startHttpServer({
         port: config.http.port,
         host: config.http.host,
         metrics,
         readiness,
+        relays: relayStatus,
         logger: log,
         console: consoleHandler,
       });
@@ -229,7 +257,7 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
               }
             : false,
         },
-        `http server listening: /healthz /readyz /metrics${consoleHandler ? ` ${config.console.pathPrefix}/` : ""}`,
+        `http server listening: /healthz /readyz /relays /metrics${consoleHandler ? ` ${config.console.pathPrefix}/` : ""}`,
       );
     }
 
@@ -242,12 +270,30 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
       throw error;
     }
     retention?.start();
+    let unserved: UnservedQueueWatch | undefined;
+    if (config.unservedQueueWarnMs > 0) {
+      // From the database alone: right however many services serve which queues (README "Unserved queues").
+      // One short statement per interval, on the connections readiness and the gauges share.
+      unserved = createUnservedQueueWatch({
+        pool,
+        schema: config.schema,
+        warnAfterMs: config.unservedQueueWarnMs,
+        intervalMs: config.http.gaugeIntervalMs,
+        servedHere: new Set(Object.keys(queues)),
+        queryTimeoutMs,
+        logger: log,
+      });
+      unserved.start();
+      closers.push(() => (unserved as UnservedQueueWatch).stop());
+    }
     let stopping: Promise<StopResult> | undefined;
     return {
       worker,
       httpPort,
       stop: () => {
         markStopping();
+        // A stop hands rows back and holds no lease: that is not a queue left unserved.
+        void unserved?.stop();
         stopping ??= worker.stop({ timeoutMs: config.worker.stopTimeoutMs }).finally(closeAll);
         return stopping;
       },
@@ -256,6 +302,16 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
     await closeAll();
     throw error;
   }
+}
+
+/** Whether any served queue declares subscriptions (applied at start, which needs --worker-can-subscribe). */
+function declaresSubscriptions(handlers: QueueHandlers, config: ServiceConfig): boolean {
+  const declared = (list: readonly unknown[] | undefined) => (list?.length ?? 0) > 0;
+  return (
+    Object.values(config.subscriptions).some(declared) ||
+    Object.values(config.relays).some((r) => declared(r.subscribe)) ||
+    Object.values(handlers).some((e) => typeof e !== "function" && declared(e.subscribe))
+  );
 }
 
 /** A queue's entry with the config's `subscriptions` for it added to its own `subscribe` (the worker dedupes). */

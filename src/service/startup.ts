@@ -10,8 +10,15 @@ import { MigrationError } from "../contract/errors.js";
 import { describeTableHealth, tableHealth } from "../inspect/table-health.js";
 import { migrationState } from "../migrate/migrator.js";
 import { runQuery } from "../sql/executor.js";
-import { outboxNames } from "../sql/names.js";
-import { missingPrivilegesStatement, pingStatement } from "../sql/probes.js";
+import { type GrantOption, rightsOf } from "../sql/grants.js";
+import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
+import {
+  currentRoleStatement,
+  type MissingRightRow,
+  missingRightsStatement,
+  type NeededRight,
+  pingStatement,
+} from "../sql/probes.js";
 import { scrubSecrets } from "../util/redact.js";
 
 /** The service cannot start; the message is one line for the operator (no stack trace is useful). */
@@ -69,6 +76,18 @@ export interface StartupCheckOptions {
   sleep?: (ms: number) => Promise<void>;
 }
 
+/**
+ * A connection that failed before any check could run (a CLI command connects once, without waiting): what
+ * to check, in the words `run` uses.
+ */
+export function connectionFailure(error: unknown): StartupError {
+  const code = codeOf(error);
+  const permanent = code === undefined ? undefined : PERMANENT[code];
+  if (permanent)
+    return new StartupError(`cannot use the database: ${permanent} (${code}: ${describe(error)})`);
+  return new StartupError(`cannot reach the database: ${describe(error)}`);
+}
+
 /** Wait (bounded) until the database answers; fail at once on what no retry fixes. */
 export async function waitForDatabase(options: StartupCheckOptions): Promise<void> {
   const { pool, waitMs, log } = options;
@@ -105,13 +124,90 @@ export async function waitForDatabase(options: StartupCheckOptions): Promise<voi
   }
 }
 
+/** Who runs the checked work, for the messages: the service's role, or a person's at the CLI. */
+export type CheckedSide = "worker" | "inspector";
+
+/** Options of {@link checkSchema}. */
+export interface SchemaCheckOptions {
+  pool: pg.Pool | pg.Client;
+  schema: string;
+  /**
+   * The grant options whose rights the work needs (default: `--worker`): each missing right fails the
+   * check naming the option that gives it.
+   */
+  need?: readonly GrantOption[];
+  /** Rights of one operation (a CLI command), with the option that gives them, beyond `need`. */
+  needRights?: readonly NeededRight[];
+  /**
+   * Options the work may use without knowing it in advance (follow-ups): checked, never required; the
+   * answer says which are missing, and the fix command keeps those held (a later grant replaces the role's).
+   */
+  optional?: readonly GrantOption[];
+  /** How the command that fixes a schema not migrated is run (default: the service's words). */
+  migrateHint?: string;
+}
+
+/** What {@link checkSchema} found beyond what it requires. */
+export interface SchemaCheck {
+  /** The connected role. */
+  role: string;
+  /** Of `optional`, the options whose rights the role lacks. */
+  missingOptional: GrantOption[];
+}
+
+const SIDE_OF = (option: string): CheckedSide | "producer" =>
+  option.startsWith("--worker") ? "worker" : option.startsWith("--inspector") ? "inspector" : "producer";
+
+/** The `grant` command that gives `role` these options, the side's own first (one run per side). */
+export function grantCommandFor(schema: string, role: string, options: readonly string[]): string {
+  const sides = [...new Set(options.map(SIDE_OF))];
+  const schemaArg = schema === DEFAULT_SCHEMA ? "" : ` --schema ${schema}`;
+  return sides
+    .map((side) => {
+      const extras = [...new Set(options.filter((o) => SIDE_OF(o) === side && o !== `--${side}`))];
+      return `outbox-worker grant --${side} ${role}${extras.map((o) => ` ${o}`).join("")}${schemaArg}`;
+    })
+    .join("` and `");
+}
+
 /**
- * The schema is migrated to this version and the user may do what the worker does. Fails with the command
- * that fixes it.
+ * The schema is migrated to this version and the connected role holds the rights of the work it is about
+ * to do. Fails with the command that fixes it: `migrate`, or `grant` with the option that gives a missing
+ * right. Shared by `run` and the inspection commands, so each says the same thing about the same problem.
  */
-export async function checkSchema(options: Pick<StartupCheckOptions, "pool" | "schema">): Promise<void> {
+export async function checkSchema(options: SchemaCheckOptions): Promise<SchemaCheck> {
   const { pool, schema } = options;
-  const fix = `run \`outbox-worker migrate --schema ${schema}\` with the same DATABASE_URL (or start with --migrate)`;
+  const need = options.need ?? ["--worker"];
+  const needed: NeededRight[] = [
+    ...need.flatMap((option) => rightsOf(option).map((right) => ({ option, right }))),
+    ...(options.needRights ?? []),
+  ];
+  const optional = options.optional ?? [];
+  const fix = `run \`outbox-worker migrate --schema ${schema}\` ${options.migrateHint ?? "with the same DATABASE_URL (or start with --migrate)"}`;
+  const rights = async () => {
+    const check = missingRightsStatement(schema, [
+      ...needed,
+      ...optional.flatMap((option) => rightsOf(option).map((right) => ({ option, right }))),
+    ]);
+    return runQuery(pool, check, {});
+  };
+  const refuse = (rows: MissingRightRow[]): StartupError => {
+    const role = rows[0]?.role ?? "?";
+    const missing = [
+      ...new Set(rows.filter((r) => !optional.includes(r.option as GrantOption)).map((r) => r.missing)),
+    ];
+    const lacking = new Set(rows.map((r) => r.option));
+    // Every option the work needs, and the optional ones the role holds: a grant run replaces the role's rights.
+    const command = grantCommandFor(schema, role, [
+      ...need,
+      ...new Set(needed.map((n) => n.option)),
+      ...optional.filter((o) => !lacking.has(o)),
+    ]);
+    const who = need.some((o) => SIDE_OF(o) === "worker") ? "the worker's user" : "the user";
+    return new StartupError(
+      `permission denied: ${who} (${role}) needs ${missing.join(" and ")}; as the schema's owner, run \`${command}\` (again after every migrate)`,
+    );
+  };
   let state: Awaited<ReturnType<typeof migrationState>>;
   try {
     state = await migrationState({ connection: pool, schema });
@@ -119,6 +215,11 @@ export async function checkSchema(options: Pick<StartupCheckOptions, "pool" | "s
     // Versions this package does not know, or a changed migration: not something to retry.
     if (error instanceof MigrationError) throw new StartupError(`schema "${schema}": ${describe(error)}`);
     const code = codeOf(error);
+    // No USAGE on the schema or no SELECT on its version table: say which grant gives them.
+    if (code === "42501") {
+      const rows = await rights().catch(() => []);
+      if (rows.some((r) => !optional.includes(r.option as GrantOption))) throw refuse(rows);
+    }
     const permanent = code === undefined ? undefined : PERMANENT[code];
     if (permanent)
       throw new StartupError(`cannot read schema "${schema}": ${permanent} (${code}: ${describe(error)})`);
@@ -130,11 +231,11 @@ export async function checkSchema(options: Pick<StartupCheckOptions, "pool" | "s
       `schema "${schema}" is older than this version (migrations ${state.pending.join(", ")} pending): ${fix}`,
     );
   }
-  const rows = await runQuery(pool, missingPrivilegesStatement(outboxNames(schema)), {});
-  const missing = rows[0]?.missing ?? [];
-  if (missing.length > 0) {
-    throw new StartupError(`permission denied: the worker's user needs ${missing.join(" and ")}`);
-  }
+  const rows = await rights();
+  if (rows.some((r) => !optional.includes(r.option as GrantOption))) throw refuse(rows);
+  const missingOptional = optional.filter((o) => rows.some((r) => r.option === o));
+  const role = rows[0]?.role ?? (await runQuery(pool, currentRoleStatement, {}))[0]?.role ?? "?";
+  return { role, missingOptional };
 }
 
 /**

@@ -87,8 +87,11 @@ export interface CompleteStatements {
     DeliveryParams & { delaysMs: number[]; errors: string[]; failed: number[]; maxErrorLength: number },
     KeyRow
   >;
-  /** One statement: the row leaves messages only if it lands in dead_letters → keys of the rows moved. */
-  dead: Query<DeadParams, KeyRow>;
+  /**
+   * The dead-letter move of keyless deliveries: one statement, the row leaves messages only if it lands in
+   * dead_letters; answers as `deadKeyed` (no delivery is ever busy, no head removed).
+   */
+  dead: Query<DeadParams, KeyedRow>;
   /** Gives unstarted rows back (graceful stop) without counting a delivery → keys. */
   release: Query<DeliveryParams, KeyRow>;
   /** → keys of the leases still held, extended by `leaseTtlMs` from now. */
@@ -187,56 +190,6 @@ export function completeStatements(names: OutboxNames, settings: StatementSettin
   const m = names.messages;
   const pairs = "unnest($1::bigint[], $2::uuid[])";
   const also = settingsJoin(settings);
-  const deadPairs =
-    "unnest($1::bigint[], $2::uuid[], $3::text[], $4::text[], $5::int[], $6::int[]) AS d(id, token, reason, error, attempted, failed)";
-  // A head's key lock is only tried: waiting could deadlock with a producer that takes several keys' locks
-  // in its own order, and would stall this batch behind a long producer transaction. A head whose lock is
-  // busy stays (a producer of its key is in flight; its row must be visible first). The lock is tried on
-  // the deliveries' own rows, materialised first: as a filter on the table, the planner may run it on every
-  // leased row it scans and hold other workers' keys until commit. A row promoted since (an unordered
-  // queue's) is a head without its lock: it stays too.
-  const keyedSource = `mine AS MATERIALIZED (
-  SELECT d.*, t.queue AS lock_queue, t.key AS lock_key, t.head AS lock_head
-  FROM ${deadPairs} JOIN ${m} AS t ON t.id = d.id AND t.acquired_token = d.token
-), kept AS MATERIALIZED (
-  SELECT k.*, k.lock_key IS NOT NULL AND k.lock_head AS locked FROM mine AS k
-  WHERE k.lock_key IS NULL OR NOT k.lock_head OR ${TRY_KEY_LOCK("k.lock_queue", "k.lock_key")}
-), `;
-  // Only when some delivery was not written: which of them are still ours, as heads (busy), and not lost.
-  // The rows gone are still visible to this statement's snapshot, so they are excluded by id.
-  const keyedAnswer = `SELECT CASE WHEN count(*) < cardinality($1::bigint[]) THEN COALESCE(array_agg(g.delivery), '{}') END AS keys,
-       CASE WHEN count(*) < cardinality($1::bigint[]) THEN (
-         SELECT COALESCE(array_agg(t.id::text || '/' || t.acquired_token::text), '{}')
-         FROM ${pairs} AS b(id, token) JOIN ${m} AS t ON t.id = b.id AND t.acquired_token = b.token
-         WHERE t.key IS NOT NULL AND t.head AND t.id NOT IN (SELECT x.id FROM gone AS x)
-       ) ELSE '{}' END AS busy,
-       COALESCE(array_agg(g.queue) FILTER (WHERE g.order_key IS NOT NULL AND g.head), '{}') AS head_queues,
-       COALESCE(array_agg(g.order_key) FILTER (WHERE g.order_key IS NOT NULL AND g.head), '{}') AS head_keys
-FROM gone AS g`;
-  const deadMove = (keyed: boolean, returning: string) => `${keyed ? keyedSource : ""}gone AS (
-  DELETE FROM ${m} AS t
-  USING ${keyed ? "kept AS d" : deadPairs}${also}
-  WHERE t.id = d.id AND t.acquired_token = d.token${keyed ? " AND (t.key IS NULL OR NOT t.head OR d.locked)" : ""}
-  RETURNING t.*, d.reason, d.error, d.attempted, d.failed${returning}
-), moved AS (
-  INSERT INTO ${names.deadLetters} AS dl
-    (id, queue, payload, headers, key, created_at, available_at, acquired_by, deliveries_count, attempts_count,
-     failures_count, first_attempt_at, last_attempt_at, dead_at, reason, error)
-  SELECT id, queue, payload, headers, key, created_at, available_at, acquired_by, deliveries_count,
-         LEAST(attempts_count, 2147483646) + attempted, LEAST(failures_count, 2147483646) + failed,
-         CASE WHEN attempted > 0 THEN COALESCE(first_attempt_at, now()) ELSE first_attempt_at END,
-         CASE WHEN attempted > 0 THEN now() ELSE last_attempt_at END,
-         now(), reason, left(COALESCE(error, last_error), $7)
-  FROM gone
-  -- A replayed message that dies again replaces its earlier dead letter instead of failing the move.
-  ON CONFLICT (id) DO UPDATE SET
-    queue = excluded.queue, payload = excluded.payload, headers = excluded.headers, key = excluded.key,
-    created_at = excluded.created_at, available_at = excluded.available_at, acquired_by = excluded.acquired_by,
-    deliveries_count = excluded.deliveries_count, attempts_count = excluded.attempts_count,
-    failures_count = excluded.failures_count, first_attempt_at = excluded.first_attempt_at,
-    last_attempt_at = excluded.last_attempt_at, dead_at = excluded.dead_at, reason = excluded.reason,
-    error = excluded.error
-)`;
   const deadValues = (p: DeadParams) => [
     p.ids,
     p.tokens,
@@ -245,7 +198,11 @@ FROM gone AS g`;
     p.attempted,
     p.failed,
     p.maxErrorLength,
+    settings.synchronousCommit,
   ];
+  // The move runs as the schema's owner (migration 0015): the worker's role may not write dead letters
+  // itself, so it can never choose what one holds, only which of its own deliveries dies and why.
+  const deadLetter = `SELECT * FROM ${names.quotedSchema}.dead_letter($1::bigint[], $2::uuid[], $3::text[], $4::text[], $5::int[], $6::int[], $7::int, $8::boolean)`;
   // Follow-ups go in like a publishMany: every key's lock taken first, in key order (no deadlock between two
   // such inserts), then the ids, so a keyed follow-up gets its id in commit order behind any producer of
   // its key; the key-head trigger marks whether it heads its key. `parents` restricts the rows to those
@@ -399,12 +356,7 @@ FROM gone`,
       p.parentQueues,
       p.parentKeys,
     ]),
-    deadKeyed: defineQuery(
-      "dead_keyed",
-      `${withSettings(settings, true)}${deadMove(true, `, ${KEY} AS delivery, t.key AS order_key`)}
-${keyedAnswer}`,
-      deadValues,
-    ),
+    deadKeyed: defineQuery("dead_keyed", deadLetter, deadValues),
     promote: defineQuery(
       "promote",
       `SELECT * FROM ${names.quotedSchema}.promote_heads($1::text[], $2::text[], $3::int, $4::uuid, $5::double precision, $6::text)`,
@@ -460,13 +412,7 @@ WHERE t.id = d.id AND t.acquired_token = d.token
 RETURNING t.id::text || '/' || d.token::text AS key`,
       (p) => [p.ids, p.tokens, p.delaysMs, p.errors, p.failed, p.maxErrorLength],
     ),
-    dead: defineQuery(
-      "dead",
-      `${withSettings(settings, true)}${deadMove(false, "")}
--- Every row that left messages is in dead_letters (the INSERT cannot skip one), so gone names the moves.
-SELECT t.id::text || '/' || t.acquired_token::text AS key FROM gone AS t`,
-      deadValues,
-    ),
+    dead: defineQuery("dead", deadLetter, deadValues),
     release: defineQuery(
       "release",
       `${withSettings(settings, false)}UPDATE ${m} AS t

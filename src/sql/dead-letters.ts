@@ -248,21 +248,13 @@ export interface ExpireParams {
  *
  * SKIP LOCKED: a row a replay, a purge or another replica's batch holds is left for a later run rather
  * than waited for, so replicas running this at once never queue behind each other or behind a person.
+ * Through expire_dead_letters (migration 0015), as the schema's owner: the worker's role holds no DELETE on
+ * dead_letters, only the right to run this.
  */
 export function expireDeadLettersStatement(names: OutboxNames): Query<ExpireParams, ExpireCountRow> {
   return defineQuery(
     "dead_expire",
-    `WITH picked AS (
-  SELECT id FROM ${names.deadLetters}
-  WHERE dead_at < now() - $1::double precision * interval '1 millisecond'
-  ORDER BY dead_at
-  LIMIT $2::int
-  FOR UPDATE SKIP LOCKED
-), gone AS (
-  DELETE FROM ${names.deadLetters} AS d USING picked AS p WHERE d.id = p.id
-  RETURNING d.queue
-)
-SELECT queue, count(*)::int AS deleted FROM gone GROUP BY queue ORDER BY queue`,
+    `SELECT queue, deleted FROM ${names.quotedSchema}.expire_dead_letters($1::double precision, $2::int)`,
     (p) => [p.olderThanMs, p.limit],
   );
 }

@@ -14,21 +14,24 @@ import { outboxNames, quoteLiteral } from "./names.js";
  *   on topic_queues (the trailing wake-up of a publisher with its own notify connection). Both functions are
  *   SECURITY DEFINER: no right on subscriptions or dead_letters. topic_queues tells a producer nothing fan_out
  *   does not (its copies name their queues, even in a transaction rolled back).
- * - worker: lease, ack, retry, release, renew and the dead-letter move (messages SELECT/UPDATE/DELETE,
- *   dead_letters SELECT/INSERT/UPDATE: UPDATE for the upsert of a replayed message that dies again), EXECUTE
- *   on ack_keyed/ack_key_heads/promote_heads/promote_heads_after, schema_migrations SELECT for the version check. No INSERT, no DDL, no TRUNCATE.
- *   With expire: DELETE on dead_letters, for the service's dead-letter retention (its FOR UPDATE SKIP LOCKED
- *   is covered by the UPDATE the worker already has). With follow-up: INSERT of the producer's columns, for
+ * - worker: lease, ack, retry, release, renew (messages SELECT, DELETE, and UPDATE of the lease and
+ *   bookkeeping columns only: it cannot rewrite a payload, queue, key or headers), the dead-letter move
+ *   through dead_letter (SECURITY DEFINER: it takes the content from the row the worker holds; the worker
+ *   only reads dead_letters, so it cannot forge one), EXECUTE on ack_keyed/ack_key_heads/promote_heads/
+ *   promote_heads_after, schema_migrations SELECT for the version check, `leases` for status. No INSERT, no
+ *   DDL, no TRUNCATE. With expire: EXECUTE on expire_dead_letters (SECURITY DEFINER), for the service's
+ *   dead-letter retention; no DELETE. With follow-up: INSERT of the producer's columns, for
  *   handlers that publish follow-up messages (inserted by the worker with its ack; not `topic`, nor fan_out:
  *   follow-ups go to queues). With subscribe: INSERT and SELECT of subscriptions' (pattern, queue) (the
  *   ON CONFLICT (pattern, queue) of an idempotent subscribe reads its arbiter columns) and EXECUTE on
  *   topic_matcher (the generated `matcher` column calls it as the inserting role); no UPDATE or DELETE.
  * - inspector: the `unprocessed` view (peek; a view reads its table with its owner's rights), the columns of
- *   messages that `status` and the replay preview read (no payload, headers or error), dead_letters SELECT,
- *   subscriptions SELECT (who receives what), EXECUTE on topic_queues (the preview of kept topic events).
- *   With repair: replay (INSERT into messages with the dead letter's own id, DELETE from dead_letters; its
- *   FOR UPDATE needs UPDATE on one column; EXECUTE on route_unrouted, SECURITY DEFINER, for the events kept
- *   for want of a subscriber) and purge (DELETE).
+ *   messages that `status` and the replay preview read (no payload, headers, error or lease token), the
+ *   `leases` view (who holds what, without tokens), dead_letters SELECT, subscriptions SELECT (who receives
+ *   what), EXECUTE on topic_queues (the preview of kept topic events), schema_migrations SELECT (the version
+ *   check every command runs first). With repair: replay (INSERT into messages with the dead letter's own
+ *   id, DELETE from dead_letters; its FOR UPDATE needs UPDATE on one column; EXECUTE on route_unrouted,
+ *   SECURITY DEFINER, for the events kept for want of a subscriber) and purge (DELETE).
  *
  * Nobody but the schema's owner changes subscriptions except a worker granted subscribe, and that adds only.
  */
@@ -78,16 +81,35 @@ export const PRODUCER_SELECT_COLUMNS = ["id", "queue", "key"] as const;
 export const PRODUCER_TOPIC_COLUMNS = ["topic"] as const;
 /** publishToTopic and the topic row's trigger (fan_out); the trailing wake-up of a topic (topic_queues). */
 export const PRODUCER_FUNCTIONS = ["fan_out(text, jsonb, boolean)", "topic_queues(text)"] as const;
-/** What `status` (queue counts, worker leases) and the replay preview (`id`) read of messages. */
+/**
+ * What `status` (queue counts) and the replay preview (`id`) read of messages: no payload, headers or error,
+ * and no lease token (acquired_at tells a lease; the `leases` view names its worker).
+ */
 export const INSPECTOR_SELECT_COLUMNS = [
   "id",
   "queue",
   "head",
   "available_at",
   "acquired_at",
-  "acquired_token",
-  "acquired_by",
   "lease_expires_at",
+] as const;
+/**
+ * The lease and bookkeeping columns of messages the worker writes (lease, renew, release, retry, key-head
+ * promotion and repair): never queue, payload, headers, key, created_at or topic.
+ */
+export const WORKER_UPDATE_COLUMNS = [
+  "acquired_token",
+  "acquired_at",
+  "lease_expires_at",
+  "acquired_by",
+  "available_at",
+  "deliveries_count",
+  "attempts_count",
+  "failures_count",
+  "first_attempt_at",
+  "last_attempt_at",
+  "last_error",
+  "head",
 ] as const;
 /** The columns a replay writes back into messages (with the dead letter's own id). */
 export const REPAIR_INSERT_COLUMNS = [
@@ -113,6 +135,8 @@ export const REPAIR_FUNCTIONS = ["route_unrouted(bigint[])"] as const;
 export const SUBSCRIBE_COLUMNS = ["pattern", "queue"] as const;
 /** The generated `matcher` column of a new subscription calls it as the inserting role. */
 export const SUBSCRIBE_FUNCTIONS = ["topic_matcher(text)"] as const;
+/** The dead-letter retention's batch (migration 0015), run as the schema's owner. */
+export const EXPIRE_FUNCTIONS = ["expire_dead_letters(double precision, integer)"] as const;
 
 /** The functions the worker calls (argument types, as Postgres names them). */
 export const WORKER_FUNCTIONS = [
@@ -120,12 +144,129 @@ export const WORKER_FUNCTIONS = [
   "ack_key_heads(bigint[], uuid[], text[], text[], integer, uuid, double precision, text, boolean)",
   "promote_heads(text[], text[], integer, uuid, double precision, text)",
   "promote_heads_after(text[], text[], bigint[], integer, uuid, double precision, text)",
+  // The dead-letter move (migration 0015), as the schema's owner: the row's own content, never the worker's.
+  "dead_letter(bigint[], uuid[], text[], text[], integer[], integer[], integer, boolean)",
   // The replay preview (`dead-letters replay --dry-run`, the console's) asks where kept topic events would
-  // go: queue names only, which the worker reads in every message already.
+  // go: queue names only, which the worker reads in every message anyway.
   "topic_queues(text)",
 ] as const;
 
-const cols = (columns: readonly string[]) => columns.join(", ");
+/**
+ * One right on the outbox schema or an object in it: what `grant` gives, and what the start-up checks ask
+ * Postgres about (has_*_privilege), so the two never disagree.
+ */
+export interface Right {
+  /** `table` covers views. */
+  readonly kind: "schema" | "table" | "function";
+  /** A table or view of the schema (`messages`), or a function's signature (`dead_letter(bigint[], …)`). */
+  readonly object: string;
+  readonly privilege: "USAGE" | "SELECT" | "INSERT" | "UPDATE" | "DELETE" | "EXECUTE";
+  /** A column privilege on each of these, not one on the whole table. */
+  readonly columns?: readonly string[];
+}
+
+/** The `outbox-worker grant` options, each a set of rights (the `-can-` ones on top of their side's). */
+export type GrantOption =
+  | "--producer"
+  | "--worker"
+  | "--worker-can-expire"
+  | "--worker-can-follow-up"
+  | "--worker-can-subscribe"
+  | "--inspector"
+  | "--inspector-can-repair";
+
+const usage: Right = { kind: "schema", object: "", privilege: "USAGE" };
+const table = (object: string, privilege: Right["privilege"], columns?: readonly string[]): Right =>
+  columns ? { kind: "table", object, privilege, columns } : { kind: "table", object, privilege };
+const fn = (object: string): Right => ({ kind: "function", object, privilege: "EXECUTE" });
+
+/** The version check every command and the service run first (`migrationState`). */
+export const VERSION_RIGHTS: readonly Right[] = [usage, table("schema_migrations", "SELECT")];
+
+/** What each read-only operation needs, beyond the version check; the grant that gives it in the comment. */
+export const READ_RIGHTS = {
+  /** `status`, the console's and the metrics' counts (--worker or --inspector). */
+  status: [
+    table("messages", "SELECT", INSPECTOR_SELECT_COLUMNS),
+    table("leases", "SELECT"),
+    table("dead_letters", "SELECT"),
+  ],
+  /** `peek`: the `unprocessed` view (--inspector). */
+  peek: [table("unprocessed", "SELECT")],
+  /** `dead-letters list|show` (--worker or --inspector). */
+  deadLetters: [table("dead_letters", "SELECT")],
+  /** `dead-letters replay --dry-run` (--worker or --inspector). */
+  replayPreview: [
+    table("dead_letters", "SELECT"),
+    table("messages", "SELECT", ["id"]),
+    ...INSPECTOR_FUNCTIONS.map(fn),
+  ],
+} as const satisfies Record<string, readonly Right[]>;
+
+const RIGHTS: Readonly<Record<GrantOption, readonly Right[]>> = {
+  "--producer": [
+    usage,
+    table("messages", "INSERT", [...PRODUCER_INSERT_COLUMNS, ...PRODUCER_TOPIC_COLUMNS]),
+    table("messages", "SELECT", PRODUCER_SELECT_COLUMNS),
+    ...PRODUCER_FUNCTIONS.map(fn),
+  ],
+  "--worker": [
+    ...VERSION_RIGHTS,
+    table("messages", "SELECT"),
+    table("messages", "UPDATE", WORKER_UPDATE_COLUMNS),
+    table("messages", "DELETE"),
+    // Read only: the move writes dead letters as the schema's owner (dead_letter).
+    table("dead_letters", "SELECT"),
+    table("leases", "SELECT"),
+    ...WORKER_FUNCTIONS.map(fn),
+  ],
+  // Retention is off by default: without it, a worker has no reason to destroy dead letters.
+  "--worker-can-expire": EXPIRE_FUNCTIONS.map(fn),
+  // Only handlers that publish follow-ups need it; without them a worker never creates messages.
+  "--worker-can-follow-up": [table("messages", "INSERT", PRODUCER_INSERT_COLUMNS)],
+  // Only a worker that applies its queues' declared subscriptions; add-only (no UPDATE, no DELETE).
+  "--worker-can-subscribe": [
+    table("subscriptions", "INSERT", SUBSCRIBE_COLUMNS),
+    table("subscriptions", "SELECT", SUBSCRIBE_COLUMNS),
+    ...SUBSCRIBE_FUNCTIONS.map(fn),
+  ],
+  "--inspector": [
+    ...VERSION_RIGHTS,
+    table("unprocessed", "SELECT"),
+    table("messages", "SELECT", INSPECTOR_SELECT_COLUMNS),
+    table("leases", "SELECT"),
+    table("dead_letters", "SELECT"),
+    table("subscriptions", "SELECT"),
+    ...INSPECTOR_FUNCTIONS.map(fn),
+  ],
+  "--inspector-can-repair": [
+    table("messages", "INSERT", REPAIR_INSERT_COLUMNS),
+    table("messages", "SELECT", REPAIR_SELECT_COLUMNS),
+    table("dead_letters", "DELETE"),
+    // Replay locks the dead letters it moves (FOR UPDATE), which takes UPDATE on some column.
+    table("dead_letters", "UPDATE", ["error"]),
+    ...REPAIR_FUNCTIONS.map(fn),
+  ],
+};
+
+/** The rights one grant option gives (the `-can-` options: only what they add to their side's). */
+export function rightsOf(option: GrantOption): readonly Right[] {
+  return RIGHTS[option];
+}
+
+/** The object a right is on, quoted for SQL: the schema, `"s".messages`, `"s".dead_letter(bigint[], …)`. */
+export function rightTarget(schema: string, right: Right): string {
+  const s = outboxNames(schema).quotedSchema;
+  return right.kind === "schema" ? s : `${s}.${right.object}`;
+}
+
+/** How a right reads in a message or a GRANT: `UPDATE (head, …) ON "s".messages`, `EXECUTE ON FUNCTION …`. */
+export function describeRight(schema: string, right: Right): string {
+  const what = right.columns ? `${right.privilege} (${right.columns.join(", ")})` : right.privilege;
+  const on = right.kind === "schema" ? "SCHEMA " : right.kind === "function" ? "FUNCTION " : "";
+  return `${what} ON ${on}${rightTarget(schema, right)}`;
+}
+
 const quoteRole = (role: string) => `"${validateRoleName(role)}"`;
 
 /**
@@ -133,7 +274,7 @@ const quoteRole = (role: string) => `"${validateRoleName(role)}"`;
  * run in one transaction (or print). Every role named is first stripped of its rights on the schema's tables,
  * functions and sequences, so a re-run with other options takes away what they no longer give; all
  * revokes come before all grants, so a role named for two sides keeps both. Idempotent: run it again
- * after every migration (new functions start with PUBLIC EXECUTE and no grant).
+ * after every migration (new functions and views start without the grants of this version).
  */
 export function grantStatements(plan: GrantPlan): string[] {
   const names = outboxNames(plan.schema);
@@ -167,46 +308,21 @@ $$`);
     out.push(`REVOKE ALL ON ALL SEQUENCES IN SCHEMA ${s} FROM ${r}`);
     out.push(`REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ${s} FROM ${r}`);
   }
-  for (const role of all) out.push(`GRANT USAGE ON SCHEMA ${s} TO ${quoteRole(role)}`);
-  for (const role of sides.producer) {
-    const r = quoteRole(role);
-    out.push(
-      `GRANT INSERT (${cols([...PRODUCER_INSERT_COLUMNS, ...PRODUCER_TOPIC_COLUMNS])}) ON ${names.messages} TO ${r}`,
-    );
-    out.push(`GRANT SELECT (${cols(PRODUCER_SELECT_COLUMNS)}) ON ${names.messages} TO ${r}`);
-    for (const fn of PRODUCER_FUNCTIONS) out.push(`GRANT EXECUTE ON FUNCTION ${s}.${fn} TO ${r}`);
-  }
-  for (const role of sides.worker) {
-    const r = quoteRole(role);
-    out.push(`GRANT SELECT, UPDATE, DELETE ON ${names.messages} TO ${r}`);
-    out.push(`GRANT SELECT, INSERT, UPDATE ON ${names.deadLetters} TO ${r}`);
-    out.push(`GRANT SELECT ON ${names.migrationsTable} TO ${r}`);
-    for (const fn of WORKER_FUNCTIONS) out.push(`GRANT EXECUTE ON FUNCTION ${s}.${fn} TO ${r}`);
-    // Retention is off by default: without it, a worker has no reason to destroy dead letters.
-    if (plan.workerCanExpire) out.push(`GRANT DELETE ON ${names.deadLetters} TO ${r}`);
-    // Only handlers that publish follow-ups need it; without them a worker never creates messages.
-    if (plan.workerCanFollowUp)
-      out.push(`GRANT INSERT (${cols(PRODUCER_INSERT_COLUMNS)}) ON ${names.messages} TO ${r}`);
-    // Only a worker that applies its queues' declared subscriptions; add-only (no UPDATE, no DELETE).
-    if (plan.workerCanSubscribe) {
-      const c = cols(SUBSCRIBE_COLUMNS);
-      out.push(`GRANT INSERT (${c}), SELECT (${c}) ON ${names.subscriptions} TO ${r}`);
-      for (const fn of SUBSCRIBE_FUNCTIONS) out.push(`GRANT EXECUTE ON FUNCTION ${s}.${fn} TO ${r}`);
-    }
-  }
-  for (const role of sides.inspector) {
-    const r = quoteRole(role);
-    out.push(`GRANT SELECT ON ${names.unprocessed} TO ${r}`);
-    out.push(`GRANT SELECT (${cols(INSPECTOR_SELECT_COLUMNS)}) ON ${names.messages} TO ${r}`);
-    out.push(`GRANT SELECT ON ${names.deadLetters} TO ${r}`);
-    out.push(`GRANT SELECT ON ${names.subscriptions} TO ${r}`);
-    for (const fn of INSPECTOR_FUNCTIONS) out.push(`GRANT EXECUTE ON FUNCTION ${s}.${fn} TO ${r}`);
-    if (plan.inspectorCanRepair) {
-      out.push(`GRANT INSERT (${cols(REPAIR_INSERT_COLUMNS)}) ON ${names.messages} TO ${r}`);
-      out.push(`GRANT SELECT (${cols(REPAIR_SELECT_COLUMNS)}) ON ${names.messages} TO ${r}`);
-      // Replay locks the dead letters it moves (FOR UPDATE), which takes UPDATE on some column.
-      out.push(`GRANT DELETE, UPDATE (error) ON ${names.deadLetters} TO ${r}`);
-      for (const fn of REPAIR_FUNCTIONS) out.push(`GRANT EXECUTE ON FUNCTION ${s}.${fn} TO ${r}`);
+  const options: [readonly string[], GrantOption, boolean | undefined][] = [
+    [sides.producer, "--producer", true],
+    [sides.worker, "--worker", true],
+    [sides.worker, "--worker-can-expire", plan.workerCanExpire],
+    [sides.worker, "--worker-can-follow-up", plan.workerCanFollowUp],
+    [sides.worker, "--worker-can-subscribe", plan.workerCanSubscribe],
+    [sides.inspector, "--inspector", true],
+    [sides.inspector, "--inspector-can-repair", plan.inspectorCanRepair],
+  ];
+  for (const [roles, option, given] of options) {
+    if (!given) continue;
+    for (const role of roles) {
+      for (const right of RIGHTS[option]) {
+        out.push(`GRANT ${describeRight(plan.schema, right)} TO ${quoteRole(role)}`);
+      }
     }
   }
   return out;

@@ -32,7 +32,8 @@ export interface QueueStatusRow {
 
 /**
  * Per-queue counts by state, plus dead letters. A plain aggregate: it takes no row lock and no lease, so
- * it never slows the worker beyond the read itself. It scans the backlog, so it is run every few seconds,
+ * it never slows the worker beyond the read itself. A lease is told by acquired_at (null exactly when the
+ * token is: messages_lease_complete), so an inspector reads no token. It scans the backlog, so it is run every few seconds,
  * not per message.
  */
 export function queueStatusStatement(names: OutboxNames): Query<NoParams, QueueStatusRow> {
@@ -40,13 +41,13 @@ export function queueStatusStatement(names: OutboxNames): Query<NoParams, QueueS
     "queue_status",
     `WITH m AS (
   SELECT queue,
-         count(*) FILTER (WHERE acquired_token IS NULL AND head AND available_at <= now())::int AS ready,
-         count(*) FILTER (WHERE acquired_token IS NULL AND NOT head)::int AS blocked,
-         count(*) FILTER (WHERE acquired_token IS NULL AND head AND available_at > now())::int AS scheduled,
-         count(*) FILTER (WHERE acquired_token IS NOT NULL AND lease_expires_at > now())::int AS leased,
-         count(*) FILTER (WHERE acquired_token IS NOT NULL AND lease_expires_at <= now())::int AS expired,
+         count(*) FILTER (WHERE acquired_at IS NULL AND head AND available_at <= now())::int AS ready,
+         count(*) FILTER (WHERE acquired_at IS NULL AND NOT head)::int AS blocked,
+         count(*) FILTER (WHERE acquired_at IS NULL AND head AND available_at > now())::int AS scheduled,
+         count(*) FILTER (WHERE acquired_at IS NOT NULL AND lease_expires_at > now())::int AS leased,
+         count(*) FILTER (WHERE acquired_at IS NOT NULL AND lease_expires_at <= now())::int AS expired,
          extract(epoch FROM now() - min(available_at)
-                 FILTER (WHERE acquired_token IS NULL AND head AND available_at <= now()))::float8 AS oldest_ready_age_s
+                 FILTER (WHERE acquired_at IS NULL AND head AND available_at <= now()))::float8 AS oldest_ready_age_s
   FROM ${names.messages}
   GROUP BY queue
 ), d AS (
@@ -60,6 +61,52 @@ SELECT COALESCE(m.queue, d.queue) AS queue,
 FROM m FULL JOIN d ON d.queue = m.queue
 ORDER BY 1`,
     () => [],
+  );
+}
+
+/** A queue whose oldest ready message is older than asked, and whether any worker holds a lease on it. */
+export interface StaleQueueRow {
+  queue: string;
+  /** Seconds since its oldest ready message became deliverable (its available_at). */
+  oldest_ready_age_s: number;
+  /** Some row of the queue is under a live lease: a worker takes from it. */
+  leased: boolean;
+}
+
+export interface StaleQueuesParams {
+  /** Queues whose oldest ready message became deliverable longer ago than this. */
+  olderThanMs: number;
+}
+
+/**
+ * The queues whose oldest ready message has waited longer than `olderThanMs`, each with whether a live
+ * lease shows a worker taking from it. Index lookups only, a few per queue with ready rows: the queues
+ * are walked through the ready index (a skip scan, one probe per queue), each one's oldest ready row is
+ * the first entry of its range there, and the lease check stops at the first live lease in the leased
+ * index. It never counts the backlog, so it costs the same at 10 rows or 10 million.
+ */
+export function staleQueuesStatement(names: OutboxNames): Query<StaleQueuesParams, StaleQueueRow> {
+  return defineQuery(
+    "stale_queues",
+    `WITH RECURSIVE queues(queue) AS (
+  (SELECT queue FROM ${names.messages} WHERE acquired_token IS NULL AND head ORDER BY queue LIMIT 1)
+  UNION ALL
+  SELECT (SELECT m.queue FROM ${names.messages} AS m
+          WHERE m.acquired_token IS NULL AND m.head AND m.queue > q.queue ORDER BY m.queue LIMIT 1)
+  FROM queues AS q WHERE q.queue IS NOT NULL
+)
+SELECT q.queue, extract(epoch FROM now() - r.available_at)::float8 AS oldest_ready_age_s,
+       EXISTS (SELECT 1 FROM ${names.messages} AS l
+               WHERE l.queue = q.queue AND l.acquired_token IS NOT NULL AND l.lease_expires_at > now()) AS leased
+FROM queues AS q
+CROSS JOIN LATERAL (
+  SELECT m.available_at FROM ${names.messages} AS m
+  WHERE m.queue = q.queue AND m.acquired_token IS NULL AND m.head
+  ORDER BY m.available_at, m.id LIMIT 1
+) AS r
+WHERE q.queue IS NOT NULL AND r.available_at <= now() - make_interval(secs => $1::float8 / 1000)
+ORDER BY 1`,
+    (p) => [p.olderThanMs],
   );
 }
 
@@ -107,15 +154,17 @@ export interface WorkerLeasesRow {
   oldest_lease_age_s: number;
 }
 
-/** Per worker: rows leased, expired leases, oldest lease. Reads the leased rows only (messages_leased_idx). */
+/**
+ * Per worker: rows leased, expired leases, oldest lease. Reads the leased rows only, through the `leases`
+ * view (migration 0015: messages_leased_idx, and no token for whoever reads it).
+ */
 export function workerLeasesStatement(names: OutboxNames): Query<NoParams, WorkerLeasesRow> {
   return defineQuery(
     "worker_leases",
     `SELECT COALESCE(acquired_by, '?') AS worker, count(*)::int AS held,
        count(*) FILTER (WHERE lease_expires_at <= now())::int AS expired,
        extract(epoch FROM now() - min(acquired_at))::float8 AS oldest_lease_age_s
-FROM ${names.messages}
-WHERE acquired_token IS NOT NULL
+FROM ${names.leases}
 GROUP BY 1
 ORDER BY 1`,
     () => [],

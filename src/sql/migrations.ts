@@ -17,6 +17,8 @@ export function migrationStatements(names: OutboxNames) {
   return {
     lock: `SELECT pg_advisory_lock(${LOCK_NAMESPACE}, hashtext(${schemaLiteral}))`,
     unlock: `SELECT pg_advisory_unlock(${LOCK_NAMESPACE}, hashtext(${schemaLiteral}))`,
+    /** The same lock for one transaction: `grant` waits for a migration, and for another grant, of the schema. */
+    lockTransaction: `SELECT pg_advisory_xact_lock(${LOCK_NAMESPACE}, hashtext(${schemaLiteral}))`,
     createSchema: `CREATE SCHEMA IF NOT EXISTS ${names.quotedSchema}`,
     createTable: `CREATE TABLE IF NOT EXISTS ${names.migrationsTable} (
   version    integer     PRIMARY KEY,

@@ -28,6 +28,8 @@ export interface OutboxNames {
   /** Which queues receive which topics (migration 0012). */
   readonly subscriptions: string;
   readonly unprocessed: string;
+  /** The leased rows without their tokens, for `status` (migration 0015). */
+  readonly leases: string;
   readonly migrationsTable: string;
 }
 
@@ -77,6 +79,7 @@ export function outboxNames(schema: string = DEFAULT_SCHEMA): OutboxNames {
     deadLetters: `${quotedSchema}.dead_letters`,
     subscriptions: `${quotedSchema}.subscriptions`,
     unprocessed: `${quotedSchema}.unprocessed`,
+    leases: `${quotedSchema}.leases`,
     migrationsTable: `${quotedSchema}.schema_migrations`,
   };
 }

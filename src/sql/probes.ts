@@ -1,5 +1,6 @@
 import { defineQuery, type NoParams, type Query } from "./executor.js";
-import type { OutboxNames } from "./names.js";
+import { describeRight, type Right, rightTarget } from "./grants.js";
+import { outboxNames, quoteLiteral } from "./names.js";
 
 // Probes run once at start or every few seconds, on any connection: unnamed, not prepared.
 
@@ -25,22 +26,66 @@ export const serverStartedStatement: Query<NoParams, ServerStartedRow> = defineQ
   () => [],
 );
 
-export interface MissingPrivilegesRow {
-  /** "UPDATE on outbox.messages" and the like; empty when the user may do all the worker does. */
-  missing: string[];
+/** The connected role's name. */
+export const currentRoleStatement: Query<NoParams, { role: string }> = defineQuery(
+  "current_role",
+  "SELECT current_user::text AS role",
+  () => [],
+);
+
+/** A right the connected role lacks, and the grant option that gives it. */
+export interface MissingRightRow {
+  /** The connected role (current_user), for the command that fixes it. */
+  role: string;
+  option: string;
+  /** The right, as GRANT names it: `UPDATE (acquired_token, …) ON "outbox".messages`. */
+  missing: string;
+}
+
+/** A right to check, with the grant option that gives it. */
+export interface NeededRight {
+  option: string;
+  right: Right;
 }
 
 /**
- * The table privileges the worker's user lacks: SELECT, UPDATE, DELETE on messages and SELECT, INSERT,
- * UPDATE on dead_letters. has_table_privilege with a list answers "any of them", so one row per privilege.
+ * The rights among `needed` that the connected role lacks (no rows: it has them all). Asked of the catalog
+ * (has_*_privilege): nothing is read or written, so it works on an empty schema and behind any pooler. Each
+ * check runs only when the role may use the schema (else name look-ups in it would fail).
  */
-export function missingPrivilegesStatement(names: OutboxNames): Query<NoParams, MissingPrivilegesRow> {
+export function missingRightsStatement(
+  schema: string,
+  needed: readonly NeededRight[],
+): Query<NoParams, MissingRightRow> {
+  const s = quoteLiteral(outboxNames(schema).schema);
+  const check = (right: Right): string => {
+    const target = quoteLiteral(rightTarget(schema, right));
+    const priv = quoteLiteral(right.privilege);
+    if (right.kind === "schema") return `has_schema_privilege(${s}, ${priv})`;
+    if (right.kind === "function")
+      return `COALESCE(has_function_privilege(to_regprocedure(${target}), ${priv}), false)`;
+    if (!right.columns) return `COALESCE(has_table_privilege(to_regclass(${target}), ${priv}), false)`;
+    return right.columns
+      .map(
+        (c) => `COALESCE(has_column_privilege(to_regclass(${target}), ${quoteLiteral(c)}, ${priv}), false)`,
+      )
+      .join(" AND ");
+  };
+  const rows = needed.map(
+    (n) =>
+      `(${quoteLiteral(n.option)}, ${quoteLiteral(describeRight(schema, n.right))}, ${
+        n.right.kind === "schema"
+          ? check(n.right)
+          : `CASE WHEN has_schema_privilege(${s}, 'USAGE') THEN ${check(n.right)} ELSE false END`
+      })`,
+  );
+  if (rows.length === 0) rows.push("(NULL, NULL, true)");
   return defineQuery(
-    "missing_privileges",
-    `SELECT COALESCE(array_agg(p.priv || ' on ' || p.tbl) FILTER (WHERE NOT has_table_privilege(p.tbl, p.priv)), '{}') AS missing
-FROM (VALUES ($1::text, 'SELECT'), ($1, 'UPDATE'), ($1, 'DELETE'),
-             ($2::text, 'SELECT'), ($2, 'INSERT'), ($2, 'UPDATE')) AS p(tbl, priv)`,
-    () => [names.messages, names.deadLetters],
+    "missing_rights",
+    `SELECT current_user::text AS role, n.option, n.missing FROM (VALUES
+${rows.join(",\n")}
+) AS n(option, missing, ok) WHERE NOT n.ok`,
+    () => [],
   );
 }
 
@@ -54,4 +99,15 @@ export const notifyStatement: Query<NotifyParams, unknown> = defineQuery(
   "notify",
   "SELECT pg_notify($1, $2)",
   (p) => [p.channel, p.payload],
+);
+
+export interface BackendPidRow {
+  pid: number;
+}
+
+/** The server process answering: compared with the one a connection announced, it tells a pooler. */
+export const backendPidStatement: Query<NoParams, BackendPidRow> = defineQuery(
+  "backend_pid",
+  "SELECT pg_backend_pid() AS pid",
+  () => [],
 );

@@ -21,7 +21,14 @@ export class LoopHealth {
     this.emitter.emit("loop_error", { loop, error, consecutive });
     // First failure, then every 10th: an outage must not flood the log.
     if (consecutive === 1 || consecutive % 10 === 0) {
-      this.log.warn({ loop, consecutive, err: error }, `${loop} failed; backing off`);
+      // A right taken away while running: say which command gives the worker's rights back.
+      const denied = (error as { code?: unknown }).code === "42501";
+      this.log.warn(
+        { loop, consecutive, err: error },
+        denied
+          ? `${loop} failed: the worker's role lacks a right; as the schema's owner, run \`outbox-worker grant --worker <role>\` with the role's options; backing off`
+          : `${loop} failed; backing off`,
+      );
     }
   }
 

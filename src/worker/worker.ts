@@ -13,6 +13,7 @@ import { WorkerEmitter, type WorkerEventName, type WorkerEvents } from "./events
 import { KeyHeadRepair } from "./key-head-repair.js";
 import { LoopHealth } from "./loop-health.js";
 import { type ResolvedOptions, resolveWorkerOptions, type WorkerOptions } from "./options.js";
+import { poolerInBetween, unnamedStatementsReason } from "./pooler-probe.js";
 import { RestartWatch } from "./restart-watch.js";
 
 export type { StopResult };
@@ -225,10 +226,15 @@ export function createWorker(input: WorkerOptions): Worker {
     }
     loopWatch.start();
     engine.startDispatching();
+    const poolAddress =
+      typeof options.connection === "string" ? options.connection : pool.options.connectionString;
+    // Alongside LISTEN's first self-test, which tells a pooler's mode: known before the first fetch, so a
+    // transaction-mode pooler never sees a named statement (each would fail once, as a loop error).
+    const pooler = options.preparedStatements ? poolerInBetween(pool, options.queryTimeoutMs) : undefined;
+    let listenAddress: string | undefined;
     if (options.listen) {
-      const connectionString =
-        options.listenConnection ??
-        (typeof options.connection === "string" ? options.connection : pool.options.connectionString);
+      const connectionString = options.listenConnection ?? poolAddress;
+      listenAddress = connectionString;
       if (!connectionString) {
         log.warn("listen is on but the pool has no connectionString: pass listenConnection; polling only");
       } else {
@@ -257,6 +263,18 @@ export function createWorker(input: WorkerOptions): Worker {
           onError: (error) => log.debug({ err: error }, "listener error"),
         });
         await notifier.start();
+      }
+    }
+    if (pooler) {
+      const reason = unnamedStatementsReason({
+        pooler: await pooler,
+        listenerOnPoolAddress: notifier && listenAddress === poolAddress ? notifier.state : undefined,
+      });
+      if (reason && store.useUnnamedStatements()) {
+        log.info(
+          { reason },
+          "a transaction-mode pooler (PgBouncer) may sit in front of Postgres: the worker's statements are unnamed from the start, since a named one prepared on one server connection is missing on the next",
+        );
       }
     }
     // LISTEN first, then the first fetch: a row committed in between is either seen by that fetch or

@@ -30,7 +30,8 @@ describe("grantStatements", () => {
     const repair = grantStatements({ schema: "s", inspector: ["r"], inspectorCanRepair: true }).join("\n");
     expect(plain).not.toMatch(/INSERT|DELETE|UPDATE|route_unrouted|fan_out/);
     expect(plain).toContain('GRANT SELECT ON "s".subscriptions TO "r"');
-    expect(repair).toMatch(/GRANT DELETE, UPDATE \(error\) ON "s".dead_letters TO "r"/);
+    expect(repair).toContain('GRANT DELETE ON "s".dead_letters TO "r"');
+    expect(repair).toContain('GRANT UPDATE (error) ON "s".dead_letters TO "r"');
     expect(repair).toContain('GRANT EXECUTE ON FUNCTION "s".route_unrouted(bigint[]) TO "r"');
     expect(repair).not.toMatch(/fan_out|topic_matcher/);
   });
@@ -49,20 +50,38 @@ describe("grantStatements", () => {
     expect(onSubscriptions).toEqual(['GRANT SELECT ON "s".subscriptions TO "r"']);
     expect(everyone.join("\n")).not.toContain("topic_matcher");
     const subscriber = grantStatements({ schema: "s", worker: ["w"], workerCanSubscribe: true });
-    expect(subscriber).toContain(
-      'GRANT INSERT (pattern, queue), SELECT (pattern, queue) ON "s".subscriptions TO "w"',
-    );
+    expect(subscriber).toContain('GRANT INSERT (pattern, queue) ON "s".subscriptions TO "w"');
+    expect(subscriber).toContain('GRANT SELECT (pattern, queue) ON "s".subscriptions TO "w"');
     expect(subscriber).toContain('GRANT EXECUTE ON FUNCTION "s".topic_matcher(text) TO "w"');
     expect(subscriber.join("\n")).not.toMatch(/(UPDATE|DELETE)[^\n]*subscriptions|fan_out/);
   });
 
-  it("lets the worker delete dead letters only with workerCanExpire", () => {
-    expect(grantStatements({ schema: "s", worker: ["w"] }).join("\n")).not.toMatch(
-      /DELETE ON "s".dead_letters/,
+  it("lets the worker expire dead letters only with workerCanExpire, and only through expire_dead_letters", () => {
+    const plain = grantStatements({ schema: "s", worker: ["w"] }).join("\n");
+    expect(plain).not.toMatch(/expire_dead_letters|DELETE ON "s".dead_letters/);
+    const expirer = grantStatements({ schema: "s", worker: ["w"], workerCanExpire: true });
+    expect(expirer).toContain(
+      'GRANT EXECUTE ON FUNCTION "s".expire_dead_letters(double precision, integer) TO "w"',
     );
-    expect(grantStatements({ schema: "s", worker: ["w"], workerCanExpire: true })).toContain(
-      'GRANT DELETE ON "s".dead_letters TO "w"',
+    expect(expirer.join("\n")).not.toMatch(/(DELETE|INSERT|UPDATE)[^\n]*dead_letters/);
+  });
+
+  it("gives the worker UPDATE of lease and bookkeeping columns only, and no write on dead letters", () => {
+    const sql = grantStatements({ schema: "s", worker: ["w"] });
+    const updates = sql.filter((x) => x.includes("UPDATE"));
+    expect(updates).toEqual([
+      'GRANT UPDATE (acquired_token, acquired_at, lease_expires_at, acquired_by, available_at, deliveries_count, attempts_count, failures_count, first_attempt_at, last_attempt_at, last_error, head) ON "s".messages TO "w"',
+    ]);
+    expect(sql.join("\n")).not.toMatch(/(INSERT|UPDATE|DELETE)[^\n]*dead_letters/);
+    expect(sql).toContain(
+      'GRANT EXECUTE ON FUNCTION "s".dead_letter(bigint[], uuid[], text[], text[], integer[], integer[], integer, boolean) TO "w"',
     );
+  });
+
+  it("gives the inspector no lease token", () => {
+    const sql = grantStatements({ schema: "s", inspector: ["r"], inspectorCanRepair: true }).join("\n");
+    expect(sql).not.toContain("acquired_token");
+    expect(sql).toContain('GRANT SELECT ON "s".leases TO "r"');
   });
 
   it("lets the worker insert messages (follow-ups) only with workerCanFollowUp, and only the producer's columns", () => {
