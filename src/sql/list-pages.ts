@@ -1,6 +1,6 @@
 import { defineQuery, type Query } from "./executor.js";
 import type { OutboxNames } from "./names.js";
-import type { MessageState, PeekRow } from "./peek.js";
+import { type MessageState, PEEK_COLUMNS, type PeekRow } from "./peek.js";
 
 // Pages of a list for a screen that refreshes every few seconds: keyset by id (each page an index range
 // scan, however deep), and free text cut to a preview in the database, so a 1 MB payload is neither
@@ -114,9 +114,7 @@ LIMIT $4::int`,
 export function getMessageStatement(names: OutboxNames): Query<{ id: string }, PeekRow> {
   return defineQuery(
     "message_get",
-    `SELECT id, queue, key, state, extract(epoch FROM age)::float8 AS age_s, payload, headers, created_at,
-       available_at, acquired_at, acquired_by, lease_expires_at, deliveries_count, attempts_count,
-       failures_count, first_attempt_at, last_attempt_at, last_error
+    `SELECT ${PEEK_COLUMNS}
 FROM ${names.unprocessed}
 WHERE id = $1::bigint`,
     (p) => [p.id],

@@ -29,6 +29,11 @@ export interface PeekParams {
   limit: number;
 }
 
+/** The columns of a {@link PeekRow}, read from the `unprocessed` view. */
+export const PEEK_COLUMNS = `id, queue, key, state, extract(epoch FROM age)::float8 AS age_s, payload, headers, created_at,
+       available_at, acquired_at, acquired_by, lease_expires_at, deliveries_count, attempts_count,
+       failures_count, first_attempt_at, last_attempt_at, last_error`;
+
 // Run rarely, on executors the caller hands in (maybe behind a pooler): unnamed, not prepared.
 
 /**
@@ -38,9 +43,7 @@ export interface PeekParams {
 export function peekStatement(names: OutboxNames): Query<PeekParams, PeekRow> {
   return defineQuery(
     "peek",
-    `SELECT id, queue, key, state, extract(epoch FROM age)::float8 AS age_s, payload, headers, created_at,
-       available_at, acquired_at, acquired_by, lease_expires_at, deliveries_count, attempts_count,
-       failures_count, first_attempt_at, last_attempt_at, last_error
+    `SELECT ${PEEK_COLUMNS}
 FROM ${names.unprocessed}
 WHERE ($1::text IS NULL OR queue = $1::text) AND ($2::text IS NULL OR state = $2::text)
 ORDER BY created_at, id
