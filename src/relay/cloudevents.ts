@@ -1,5 +1,9 @@
 import type { MessageContext } from "../contract/handler.js";
+import { encodeHeaderValue } from "../wire/header-encoding.js";
 import { QUEUE_PLACEHOLDER, TOPIC_PLACEHOLDER } from "./config.js";
+
+// Shared with the consumer inbox, which decodes what the relays encode.
+export { encodeHeaderValue };
 
 /**
  * CloudEvents 1.0 context attributes of one outbox message, transport-neutral: each relay maps them with
@@ -77,21 +81,6 @@ export function isExtensionName(name: string): boolean {
 /** A message header that becomes an attribute of the event: the trace context, or a valid extension name. */
 export function isEventAttribute(name: string): boolean {
   return name === "traceparent" || name === "tracestate" || isExtensionName(name);
-}
-
-/**
- * The header value encoding of the HTTP and NATS bindings (§3.1.3.2 in both): space, double quote, percent
- * and every character outside printable ASCII as upper-case %XX of its UTF-8 bytes. A key may hold any
- * Unicode; a header line holds ASCII (and NATS trims values).
- */
-export function encodeHeaderValue(value: string): string {
-  // The u flag walks code points: a surrogate pair is one character, encoded as its four UTF-8 bytes.
-  return value.replace(/[^\x21\x23\x24\x26-\x7e]/gu, (char) => {
-    let encoded = "";
-    for (const byte of Buffer.from(char, "utf8"))
-      encoded += `%${byte.toString(16).toUpperCase().padStart(2, "0")}`;
-    return encoded;
-  });
 }
 
 /** The message as a CloudEvent's context attributes. */

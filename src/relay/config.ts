@@ -1,6 +1,7 @@
 import { z } from "zod";
 import { OutboxConfigError } from "../contract/errors.js";
 import { validateTopicPattern } from "../contract/topic.js";
+import { signingKey } from "../wire/webhook-signature.js";
 
 /** Where a relay's target names may say `{queue}`: replaced by the message's queue name. */
 export const QUEUE_PLACEHOLDER = "{queue}";
@@ -51,17 +52,8 @@ const eventType = z
 const headerName = z.string().regex(/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/, "must be a valid HTTP header name");
 const headerValue = z.string().regex(/^[\t\x20-\x7e\x80-\xff]*$/, "must not hold control characters");
 
-const WHSEC_PREFIX = "whsec_";
-
-/** The key bytes of a Standard Webhooks secret `whsec_<base64>`, or null when it is not one (24 to 64 bytes). */
-export function signingKey(secret: string): Buffer | null {
-  if (!secret.startsWith(WHSEC_PREFIX)) return null;
-  const encoded = secret.slice(WHSEC_PREFIX.length);
-  // Buffer.from(…, "base64") skips what is not base64: check the text first, so a typo cannot shorten the key.
-  if (!/^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/.test(encoded)) return null;
-  const key = Buffer.from(encoded, "base64");
-  return key.length >= 24 && key.length <= 64 ? key : null;
-}
+// Shared with the consumer inbox, which verifies what the relay signs.
+export { signingKey };
 
 // The message never quotes the value: it is a secret.
 const signingSecret = z

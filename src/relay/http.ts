@@ -1,8 +1,8 @@
-import { createHmac } from "node:crypto";
 import type { z } from "zod";
 import type { MessageContext } from "../contract/handler.js";
 import { PermanentError, TransientError } from "../contract/handler-errors.js";
 import { redactConnectionString } from "../util/redact.js";
+import { webhookSignature } from "../wire/webhook-signature.js";
 import {
   binaryAttributes,
   type CloudEventNaming,
@@ -14,6 +14,9 @@ import {
 import { httpRelayConfigSchema, parseRelayConfig, signingKey } from "./config.js";
 import { RelayHealthTracker } from "./health.js";
 import type { Relay, RelayDeps } from "./relay.js";
+
+// Shared with the consumer inbox, which verifies what the relay signs.
+export { webhookSignature };
 
 const SNIPPET_CHARS = 200;
 const SNIPPET_BYTES = 2048;
@@ -93,23 +96,6 @@ export function httpRelayHeaders(
   }
   for (const [name, value] of own) headers.set(name, value);
   return headers;
-}
-
-/**
- * Standard Webhooks `webhook-signature`: `v1,<base64 HMAC-SHA256 of "<id>.<timestamp>.<body>">` for each
- * key, space-separated (several while a secret is rotated: the receiver accepts any that matches).
- */
-export function webhookSignature(
-  keys: readonly Buffer[],
-  id: string,
-  timestamp: number,
-  body: string,
-): string {
-  return keys
-    .map(
-      (key) => `v1,${createHmac("sha256", key).update(`${id}.${timestamp}.`).update(body).digest("base64")}`,
-    )
-    .join(" ");
 }
 
 /**

@@ -26,6 +26,8 @@ const SERVICE_IMPORTS = [
 
 const ALLOWED: Record<string, readonly string[]> = {
   util: [],
+  // Wire formats both ends share: the relays encode and sign, the consumer inbox decodes and verifies.
+  wire: [],
   contract: ["util"],
   sql: ["contract", "util"],
   lease: ["sql", "contract", "util"],
@@ -39,10 +41,12 @@ const ALLOWED: Record<string, readonly string[]> = {
   complete: ["lease", "retry", "contract"],
   dispatch: ["lease", "retry", "contract", "util"],
   worker: ["fetch", "dispatch", "complete", "lease", "notify", "produce", "retry", "sql", "contract", "util"],
-  relay: ["contract", "util"],
+  relay: ["wire", "contract", "util"],
+  // The consumer inbox runs in the receiving service: no engine, no broker client, no logger.
+  inbox: ["wire", "contract", "util"],
   inspect: ["sql", "migrate", "contract", "util"],
   console: ["inspect", "subscribe", "worker", "sql", "contract", "util"],
-  describe: ["relay", "contract", "util"],
+  describe: ["relay", "wire", "contract", "util"],
   testing: ["worker", "dispatch", "contract"],
   service: SERVICE_IMPORTS,
   cli: ["service", "describe", ...SERVICE_IMPORTS],
