@@ -29,6 +29,7 @@ export {
   handleNatsMessage,
   handleRedisEntry,
   type InboxHandler,
+  type NatsHeadersLike,
   type NatsMessageLike,
   type RedisEntryFields,
 } from "./transports.js";

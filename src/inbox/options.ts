@@ -3,13 +3,17 @@ import { OutboxConfigError } from "../contract/errors.js";
 
 /** The part of a `pg` client the inbox uses: a `pg.PoolClient` is one. */
 export interface InboxClient {
+  /** Runs one statement. */
   query(text: string, values?: unknown[]): Promise<{ rowCount: number | null; rows: unknown[] }>;
+  /** Gives the client back to its pool; with an error, the pool destroys it instead. */
   release(error?: Error | boolean): void;
 }
 
 /** The part of a `pg.Pool` the inbox uses: it takes one client per event, for one transaction. */
 export interface InboxPool<C extends InboxClient = InboxClient> {
+  /** A client of its own, for one event's transaction. */
   connect(): Promise<C>;
+  /** Runs one statement on any client (install, expiry). */
   query(text: string, values?: unknown[]): Promise<{ rowCount: number | null; rows: unknown[] }>;
 }
 
@@ -49,13 +53,21 @@ export const inboxOptionsSchema = z.strictObject({
 });
 
 /** Options of {@link createInbox}, as a caller writes them. */
-export type InboxOptions<C extends InboxClient = InboxClient> = Omit<
-  z.input<typeof inboxOptionsSchema>,
-  "pool"
-> & {
+export interface InboxOptions<C extends InboxClient = InboxClient> {
   /** The receiving service's own database (a `pg.Pool`): records and effects commit together there. */
   pool: InboxPool<C>;
-};
+  /** Whose records these are: the service or handler (a table may hold several consumers' records). */
+  consumer: string;
+  /** The table's schema; default `public`. */
+  schema?: string;
+  /** The table; default `outbox_inbox`. */
+  table?: string;
+  /**
+   * How long a record is kept, in ms (default 7 days, at least one minute): an event redelivered later
+   * than this runs again. Keep it longer than any redelivery (relay retries, broker redelivery).
+   */
+  retentionMs?: number;
+}
 
 /**
  * Parses options with a zod schema; every problem is an {@link OutboxConfigError} naming its field (zod's

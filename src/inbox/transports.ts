@@ -11,8 +11,18 @@ export type RedisEntryFields = readonly string[] | Record<string, string>;
 
 /** The part of a NATS (JetStream) message the inbox reads: a nats.js `JsMsg` or `Msg` is one. */
 export interface NatsMessageLike {
+  /** The body. */
   data: Uint8Array;
-  headers?: { keys(): string[]; get(name: string): string } | undefined;
+  /** The headers, when it has any. */
+  headers?: NatsHeadersLike | undefined;
+}
+
+/** The part of nats.js `MsgHdrs` the inbox reads. */
+export interface NatsHeadersLike {
+  /** Every header name. */
+  keys(): string[];
+  /** The (first) value of a header. */
+  get(name: string): string;
 }
 
 /** The part of an AMQP 0-9-1 message the inbox reads: an amqplib `Message` (consume or get) is one. */
