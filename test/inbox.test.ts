@@ -234,9 +234,9 @@ describe("Standard Webhooks verification", () => {
     expect(verifyWebhookSignature([key], { ...headers, id: "10" }, body, options)).toBe(
       "no signature matches",
     );
-    const flipped = `v1,${Buffer.from(headers.signature.slice(3), "base64")
-      .map((b, i) => (i === 0 ? b ^ 1 : b))
-      .toString("base64")}`;
+    const bytes = Buffer.from(headers.signature.slice(3), "base64");
+    bytes[0] = (bytes[0] as number) ^ 1;
+    const flipped = `v1,${bytes.toString("base64")}`;
     expect(verifyWebhookSignature([key], { ...headers, signature: flipped }, body, options)).toBe(
       "no signature matches",
     );
