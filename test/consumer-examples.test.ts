@@ -9,9 +9,10 @@ import { pino } from "pino";
 import { afterEach, beforeAll, describe, expect, it } from "vitest";
 import type { ReceivedEvent } from "../examples/consumers/event.js";
 import { createWebhookServer } from "../examples/consumers/http.js";
-import { decodeMessage, durableConsumer } from "../examples/consumers/nats.js";
+import { billingInbox, billOrder } from "../examples/consumers/inbox.js";
+import { durableConsumer, handleMessage } from "../examples/consumers/nats.js";
 import { orderPlaced } from "../examples/consumers/queues.js";
-import { decodeDelivery } from "../examples/consumers/rabbitmq.js";
+import { handleDelivery } from "../examples/consumers/rabbitmq.js";
 import { ensureGroup, readBatch } from "../examples/consumers/redis.js";
 import type { OrderPlaced } from "../examples/consumers/types/order.placed.js";
 import { consumerFiles } from "../scripts/consumer-types.js";
@@ -29,8 +30,8 @@ import { publisherFor, until, workerFactory } from "./helpers/worker.js";
 
 // Each consumer example of examples/consumers/ reads what the worker's relay really sends: a message
 // published to the demo's queue goes through the outbox, a worker and the built-in relay to the broker
-// (or webhook), and the example's own decoding hands back the typed payload, key and attributes. The
-// headers each relay sent are also checked against the AsyncAPI document's list for that relay.
+// (or webhook), and the example hands its handler, through the consumer inbox, the typed payload, key and
+// attributes, and bills the order once in the receiving service's schema. The headers each relay sent are also checked against the AsyncAPI document's list for that relay.
 
 const db = testDatabase("consumers");
 const workers = workerFactory(db);
@@ -47,7 +48,30 @@ const cleanups: (() => Promise<unknown>)[] = [];
 afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c().catch(() => {});
 });
-beforeAll(() => db.migrate());
+/** The receiving service's own schema: the examples' inbox and their billed_orders table. */
+const service = db.freshSchema("svc");
+let inbox: Awaited<ReturnType<typeof billingInbox>>;
+beforeAll(async () => {
+  await db.migrate();
+  await db.pool.query(`CREATE SCHEMA "${service}"`);
+  inbox = await billingInbox(db.pool, service);
+});
+
+/** Each example's handler: the event kept for the checks, and the example's effect in the inbox's transaction. */
+function collect(events: ReceivedEvent<OrderPlaced>[]) {
+  return async (event: ReceivedEvent<OrderPlaced>, client: import("pg").PoolClient) => {
+    events.push(event);
+    await billOrder(event, client, service);
+  };
+}
+
+async function billedOnce(id: string): Promise<void> {
+  const { rows } = await db.pool.query(
+    `SELECT count(*)::int AS n FROM "${service}".billed_orders WHERE event_id = $1`,
+    [id],
+  );
+  expect(rows[0].n).toBe(1);
+}
 
 /**
  * Publishes one order through the outbox and runs a worker whose queue is relayed by `input`; each test has
@@ -110,9 +134,7 @@ describe("consumer examples read what the relays send", () => {
     const secret = `whsec_${Buffer.alloc(32, 3).toString("base64")}`;
     const events: ReceivedEvent<OrderPlaced>[] = [];
     const received: string[][] = [];
-    const server = createWebhookServer(secret, (event) => {
-      events.push(event);
-    });
+    const server = createWebhookServer(inbox, secret, collect(events));
     server.prependListener("request", (req: http.IncomingMessage) => received.push(Object.keys(req.headers)));
     await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
     cleanups.push(() => new Promise((resolve) => server.close(resolve)));
@@ -124,6 +146,7 @@ describe("consumer examples read what the relays send", () => {
     const sent = await relayOneOrder(input);
     await until(() => events.length > 0, "the webhook event");
     expectOrder(events[0] as ReceivedEvent<OrderPlaced>, sent);
+    await billedOnce(sent.id);
 
     expect(received[0]?.filter((n) => !FETCH_OWN_HEADERS.has(n)).sort()).toEqual(
       await documentedHeaders(input),
@@ -131,7 +154,7 @@ describe("consumer examples read what the relays send", () => {
   });
 
   it("http: a wrong signature is refused (401) and never reaches the handler", async () => {
-    const server = createWebhookServer(`whsec_${Buffer.alloc(32, 3).toString("base64")}`, () => {
+    const server = createWebhookServer(inbox, `whsec_${Buffer.alloc(32, 3).toString("base64")}`, () => {
       throw new Error("must not be called");
     });
     await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
@@ -174,10 +197,11 @@ describe("consumer examples read what the relays send", () => {
     const sent = await relayOneOrder(input);
     const events: ReceivedEvent<OrderPlaced>[] = [];
     await until(
-      async () => (await readBatch(redis, options, (e) => void events.push(e))) > 0 || events.length > 0,
+      async () => (await readBatch(redis, inbox, options, collect(events))) > 0 || events.length > 0,
       "a stream entry",
     );
     expectOrder(events[0] as ReceivedEvent<OrderPlaced>, sent);
+    await billedOnce(sent.id);
     // Acked by the example: nothing pending for the group.
     expect(await redis.xpending(stream, options.group)).toEqual([0, null, null, null]);
 
@@ -213,8 +237,10 @@ describe("consumer examples read what the relays send", () => {
       const consumer = await durableConsumer(nc, stream, "billing");
       const m = await consumer.next({ expires: 5000 });
       if (m === null) throw new Error("no message from the JetStream consumer");
-      expectOrder(decodeMessage(m), sent);
-      m.ack();
+      const events: ReceivedEvent<OrderPlaced>[] = [];
+      await handleMessage(inbox, m, collect(events)); // acks it
+      expectOrder(events[0] as ReceivedEvent<OrderPlaced>, sent);
+      await billedOnce(sent.id);
       expect([...(m.headers?.keys() ?? [])].map((n) => n.toLowerCase()).sort()).toEqual(
         await documentedHeaders(input),
       );
@@ -237,11 +263,14 @@ describe("consumer examples read what the relays send", () => {
     const sent = await relayOneOrder(input);
     let msg: amqp.GetMessage | false = false;
     await until(async () => {
-      msg = await channel.get(queue, { noAck: true });
+      msg = await channel.get(queue, { noAck: false });
       return msg !== false;
     }, "a message on the queue");
     const delivered = msg as unknown as amqp.GetMessage;
-    expectOrder(decodeDelivery(delivered), sent);
+    const events: ReceivedEvent<OrderPlaced>[] = [];
+    await handleDelivery(inbox, channel, delivered, collect(events)); // acks it
+    expectOrder(events[0] as ReceivedEvent<OrderPlaced>, sent);
+    await billedOnce(sent.id);
     expect(Object.keys(delivered.properties.headers ?? {}).sort()).toEqual(await documentedHeaders(input));
   });
 });

@@ -1,24 +1,15 @@
-// A Redis Streams consumer group for the redis relay: XREADGROUP, the CloudEvent in structured mode
-// (field `event`), typed payload, XACK.
-//   npx tsx examples/consumers/redis.ts        (REDIS_URL, STREAM default outbox:order.placed)
+// A Redis Streams consumer group for the redis relay, on the consumer inbox: XREADGROUP, each entry handled
+// in one transaction with its inbox record, then XACK. A crash between the commit and the XACK leaves the
+// entry pending; read again (or added again by a relay retry), the inbox finds it handled.
+//   DATABASE_URL=postgres://... npx tsx examples/consumers/redis.ts   (REDIS_URL, STREAM default outbox:order.placed)
 import { pathToFileURL } from "node:url";
 import { Redis } from "ioredis";
+import type pg from "pg";
+// In your project: import { handleRedisEntry, type Inbox } from "pg-outbox-worker/inbox".
+import { handleRedisEntry, type Inbox } from "../../src/inbox/index.js";
 import { type ReceivedEvent, receivedEvent } from "./event.js";
+import { billingInbox, billOrder, poolFromEnv } from "./inbox.js";
 import type { OrderPlaced } from "./types/order.placed.js";
-
-/** One stream entry's fields ([name, value, name, value, …]) as the event. */
-export function decodeEntry(list: string[]): ReceivedEvent<OrderPlaced> {
-  const fields: Record<string, string> = {};
-  for (let i = 0; i + 1 < list.length; i += 2) fields[list[i] as string] = list[i + 1] as string;
-  if (fields.event === undefined) throw new Error("no event field: not an entry of the redis relay");
-  // Structured mode: application/cloudevents+json, every attribute and `data` in one object. JSON.parse
-  // rounds integers beyond 2^53: use a big-number-aware parser if your payloads hold such numbers.
-  const { data, ...rest } = JSON.parse(fields.event) as Record<string, unknown>;
-  const attributes: Record<string, string | undefined> = {};
-  for (const [name, value] of Object.entries(rest)) if (typeof value === "string") attributes[name] = value;
-  const headers = fields.headers === undefined ? {} : (JSON.parse(fields.headers) as Record<string, string>);
-  return receivedEvent<OrderPlaced>(attributes, data, headers);
-}
 
 /** Creates the consumer group (from the stream's start) unless it exists. */
 export async function ensureGroup(redis: Redis, stream: string, group: string): Promise<void> {
@@ -27,11 +18,15 @@ export async function ensureGroup(redis: Redis, stream: string, group: string): 
   });
 }
 
-/** Reads one batch for `consumer` (waiting up to blockMs), hands each event on, then XACKs it. */
+/**
+ * Reads one batch for `consumer` (waiting up to blockMs; `from` "0" re-reads its pending entries after a
+ * restart), handles each entry through the inbox, then XACKs it: commit first, ack second.
+ */
 export async function readBatch(
   redis: Redis,
-  options: { stream: string; group: string; consumer: string; blockMs: number },
-  onEvent: (event: ReceivedEvent<OrderPlaced>) => Promise<void> | void,
+  inbox: Inbox<pg.PoolClient>,
+  options: { stream: string; group: string; consumer: string; blockMs: number; from?: ">" | "0" },
+  onEvent: (event: ReceivedEvent<OrderPlaced>, client: pg.PoolClient) => Promise<void> | void,
 ): Promise<number> {
   const batches = (await redis.xreadgroup(
     "GROUP",
@@ -43,12 +38,15 @@ export async function readBatch(
     options.blockMs,
     "STREAMS",
     options.stream,
-    ">",
+    options.from ?? ">",
   )) as [string, [string, string[]][]][] | null;
   let handled = 0;
   for (const [, entries] of batches ?? []) {
-    for (const [entryId, list] of entries) {
-      await onEvent(decodeEntry(list));
+    for (const [entryId, fields] of entries) {
+      // Throws on the handler's error: the entry stays pending and is read again with from "0".
+      await handleRedisEntry(inbox, fields, (event, client) =>
+        onEvent(receivedEvent<OrderPlaced>(event), client),
+      );
       await redis.xack(options.stream, options.group, entryId);
       handled++;
     }
@@ -58,6 +56,7 @@ export async function readBatch(
 
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
   const redis = new Redis(process.env.REDIS_URL ?? "redis://127.0.0.1:6379");
+  const inbox = await billingInbox(poolFromEnv());
   const options = {
     stream: process.env.STREAM ?? "outbox:order.placed",
     group: "billing",
@@ -65,12 +64,7 @@ if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.a
     blockMs: 5000,
   };
   await ensureGroup(redis, options.stream, options.group);
-  for (;;) {
-    await readBatch(redis, options, async (event) => {
-      // Dedupe by id (at-least-once delivery): a redelivered message is added to the stream again.
-      if (await redis.set(`billing:seen:${event.id}`, "1", "EX", 86_400, "NX")) {
-        console.log(`order ${event.payload.orderId} for ${event.payload.customer}`);
-      }
-    });
-  }
+  // First the entries this consumer read but never acked (a crash), then new ones.
+  await readBatch(redis, inbox, { ...options, from: "0" }, billOrder);
+  for (;;) await readBatch(redis, inbox, options, billOrder);
 }

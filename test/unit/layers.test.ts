@@ -46,7 +46,7 @@ const ALLOWED: Record<string, readonly string[]> = {
   inbox: ["wire", "contract", "util"],
   inspect: ["sql", "migrate", "contract", "util"],
   console: ["inspect", "subscribe", "worker", "sql", "contract", "util"],
-  describe: ["relay", "wire", "contract", "util"],
+  describe: ["relay", "contract", "util"],
   testing: ["worker", "dispatch", "contract"],
   service: SERVICE_IMPORTS,
   cli: ["service", "describe", ...SERVICE_IMPORTS],
