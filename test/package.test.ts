@@ -141,6 +141,76 @@ describe("the built package", () => {
     }
   });
 
+  it("loads pg-outbox-worker/inbox from CommonJS and ES modules without the worker, logger or broker clients", async () => {
+    const record = path.join(app, "inbox-resolved.txt");
+    await writeFile(
+      path.join(app, "inbox-hooks.mjs"),
+      `import { appendFileSync } from "node:fs";
+      let file;
+      export function initialize(data) { file = data.file; }
+      export async function resolve(specifier, context, next) {
+        const result = await next(specifier, context);
+        appendFileSync(file, result.url + "\\n");
+        return result;
+      }`,
+    );
+    await writeFile(
+      path.join(app, "inbox-register.mjs"),
+      `import { register } from "node:module";
+      register("./inbox-hooks.mjs", import.meta.url, { data: { file: ${JSON.stringify(record)} } });`,
+    );
+    const probe = `
+      const inbox = INBOX;
+      const made = inbox.createInbox({ pool: { connect() {}, query() {} }, consumer: "billing" });
+      console.log(JSON.stringify({ exports: Object.keys(inbox).sort(), sql: made.installSql.includes("PRIMARY KEY") }));`;
+    await writeFile(path.join(app, "inbox.cjs"), probe.replace("INBOX", 'require("pg-outbox-worker/inbox")'));
+    await writeFile(
+      path.join(app, "inbox.mjs"),
+      probe.replace("INBOX", 'await import("pg-outbox-worker/inbox")'),
+    );
+    for (const file of ["inbox.cjs", "inbox.mjs"]) {
+      await rm(record, { force: true });
+      const out = await node(["--import", "./inbox-register.mjs", file]);
+      expect(out.stderr, file).toBe("");
+      expect(out.code, file).toBe(0);
+      expect(JSON.parse(out.stdout), file).toEqual({
+        exports: [
+          "MalformedEventError",
+          "OutboxConfigError",
+          "createInbox",
+          "createWebhookHandler",
+          "decodeAmqpMessage",
+          "decodeHeaderValue",
+          "decodeHttpEvent",
+          "decodeNatsMessage",
+          "decodeRedisEntry",
+          "encodeHeaderValue",
+          "handleAmqpMessage",
+          "handleNatsMessage",
+          "handleRedisEntry",
+          "verifyWebhookSignature",
+        ],
+        sql: true,
+      });
+      const resolved = (await readFile(record, "utf8")).trim().split("\n");
+      // The control: the hook sees the entry's own dependency.
+      expect(
+        resolved.some((url) => url.includes("/node_modules/zod/")),
+        file,
+      ).toBe(true);
+      for (const heavy of [...BROKER_CLIENTS, "pino", "pg-listen", "pg"]) {
+        expect(
+          resolved.filter((url) => url.includes(`/node_modules/${heavy}/`)),
+          `${file}: ${heavy}`,
+        ).toEqual([]);
+      }
+      expect(
+        resolved.filter((url) => /\/dist\/(worker|relay|service)\//.test(url)),
+        file,
+      ).toEqual([]);
+    }
+  });
+
   it("does not load the broker clients until a relay of their type is created", async () => {
     // A resolve hook (module.register) records every module the app's imports resolve to, whatever its
     // format, in a file: amqplib, ioredis and nats are CommonJS, so an ESM-only check would miss them.

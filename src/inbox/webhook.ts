@@ -88,6 +88,13 @@ export function createWebhookHandler<C extends InboxClient, T = unknown>(
       req.resume();
       return;
     }
+    if (req.readableEnded) {
+      // A body parser ran first: the raw bytes the signature covers are gone, and 'end' will not come again.
+      answer(res, 500, {
+        error: "request body already read: mount the inbox's handler before any body parser",
+      });
+      return;
+    }
     readBody(req, config.maxBodyBytes).then(
       (bytes) => respond(req, res, bytes).catch(() => answer(res, 500, { error: "internal error" })),
       () => {
