@@ -12,7 +12,8 @@ export async function billingInbox(pool: pg.Pool, schema = "public"): Promise<In
   const inbox = createInbox<pg.PoolClient>({ pool, consumer: "billing", schema });
   await inbox.install(); // or run inbox.installSql with your own migrations
   await pool.query(`CREATE TABLE IF NOT EXISTS "${schema}".billed_orders (
-    order_id bigint NOT NULL, customer text NOT NULL, total_cents bigint NOT NULL, event_id text NOT NULL)`);
+    order_id bigint NOT NULL, customer text NOT NULL, total_cents bigint NOT NULL,
+    event_source text NOT NULL, event_id text NOT NULL)`);
   return inbox;
 }
 
@@ -20,8 +21,8 @@ export async function billingInbox(pool: pg.Pool, schema = "public"): Promise<In
 export async function billOrder(event: ReceivedEvent<OrderPlaced>, client: pg.PoolClient, schema = "public") {
   const order = event.payload;
   await client.query(
-    `INSERT INTO "${schema}".billed_orders (order_id, customer, total_cents, event_id) VALUES ($1, $2, $3, $4)`,
-    [order.orderId, order.customer, order.totalCents, event.id],
+    `INSERT INTO "${schema}".billed_orders (order_id, customer, total_cents, event_source, event_id) VALUES ($1, $2, $3, $4, $5)`,
+    [order.orderId, order.customer, order.totalCents, event.source, event.id],
   );
 }
 
