@@ -1,11 +1,12 @@
 import { CloudEvent, HTTP } from "cloudevents";
 import fc from "fast-check";
+import { Kysely, PostgresDialect, sql, type Transaction } from "kysely";
 import type pg from "pg";
 import { Webhook } from "standardwebhooks";
 import { beforeAll, describe, expect, it } from "vitest";
 import { OutboxConfigError } from "../src/contract/errors.js";
 import { decodeHttpEvent } from "../src/inbox/http-event.js";
-import { createInbox, type InboxEvent, MalformedEventError } from "../src/inbox/index.js";
+import { createInbox, handleWithKysely, type InboxEvent, MalformedEventError } from "../src/inbox/index.js";
 import { defaultEventSource } from "../src/relay/cloudevents.js";
 import { httpRelayHeaders } from "../src/relay/http.js";
 import { decodeHeaderValue, encodeHeaderValue } from "../src/wire/header-encoding.js";
@@ -143,6 +144,33 @@ describe("inbox.handle", () => {
     await expect(
       inbox().handle({ id: "6" } as unknown as { id: string; source: string }, applyEffect),
     ).rejects.toThrow(/event\.source/);
+  });
+});
+
+describe("handleWithKysely", () => {
+  it("commits the record with the handler's writes on the Kysely transaction; a duplicate commits nothing; a throw rolls back", async () => {
+    const db2 = new Kysely<Record<string, never>>({ dialect: new PostgresDialect({ pool: db.pool }) });
+    const write = async (event: { id: string }, trx: Transaction<Record<string, never>>) => {
+      await sql`INSERT INTO ${sql.raw(effects)} (event_id) VALUES (${event.id})`.execute(trx);
+      return "applied";
+    };
+    await expect(
+      handleWithKysely(inbox(), db2, { id: "k1", source: SOURCE }, async (event, trx) => {
+        await write(event, trx);
+        throw new Error("no");
+      }),
+    ).rejects.toThrow("no");
+    expect([await effectRows("k1"), await records("k1")]).toEqual([0, 0]);
+    expect(await handleWithKysely(inbox(), db2, { id: "k1", source: SOURCE }, write)).toEqual({
+      duplicate: false,
+      result: "applied",
+    });
+    expect(await handleWithKysely(inbox(), db2, { id: "k1", source: SOURCE }, write)).toEqual({
+      duplicate: true,
+    });
+    // The pg form and the Kysely form share the records.
+    expect(await inbox().handle({ id: "k1", source: SOURCE }, applyEffect)).toEqual({ duplicate: true });
+    expect([await effectRows("k1"), await records("k1")]).toEqual([1, 1]);
   });
 });
 

@@ -188,6 +188,7 @@ describe("the built package", () => {
           "handleAmqpMessage",
           "handleNatsMessage",
           "handleRedisEntry",
+          "handleWithKysely",
           "verifyWebhookSignature",
         ],
         sql: true,

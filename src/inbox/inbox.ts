@@ -37,6 +37,8 @@ export interface Inbox<C extends InboxClient = InboxClient> {
   readonly consumer: string;
   /** Records older than this are deleted by {@link Inbox.expire}. */
   readonly retentionMs: number;
+  /** The inbox table, quoted and schema-qualified (`"public"."outbox_inbox"`), for your own queries. */
+  readonly table: string;
   /** The DDL {@link Inbox.install} runs, for teams that run their own migrations. */
   readonly installSql: string;
   /** Creates the schema (unless `public`), the table and its index when missing. */
@@ -163,6 +165,7 @@ export function createInbox<C extends InboxClient>(options: InboxOptions<C>): In
 
   return {
     consumer: config.consumer,
+    table: names.qualified,
     retentionMs: config.retentionMs,
     installSql: ddl,
     install: async () => {

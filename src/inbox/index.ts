@@ -19,6 +19,7 @@ export {
   type InboxKey,
   type InboxResult,
 } from "./inbox.js";
+export { handleWithKysely } from "./kysely.js";
 export type { InboxClient, InboxOptions, InboxPool } from "./options.js";
 export {
   type AmqpMessageLike,
