@@ -274,6 +274,32 @@ describe("http: the webhook handler with the inbox", () => {
   });
 });
 
+describe("http: requests the webhook handler cannot take", () => {
+  it("405 for a GET, 413 for a body over maxBodyBytes, 500 (saying why) when a body parser read the body first", async () => {
+    const secret = newSecret();
+    const handler = createWebhookHandler(inbox, {
+      signingSecret: secret,
+      maxBodyBytes: 64,
+      handler: () => {},
+    });
+    const server = http.createServer((req, res) => {
+      if (req.url === "/parsed") {
+        // What express.json() does before a route: reads the stream to its end.
+        req.resume();
+        req.on("end", () => handler(req, res));
+      } else handler(req, res);
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    cleanups.push(() => new Promise((resolve) => server.close(resolve)));
+    const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    expect((await fetch(`${base}/`)).status).toBe(405);
+    expect((await fetch(`${base}/`, { method: "POST", body: "x".repeat(65) })).status).toBe(413);
+    const parsed = await fetch(`${base}/parsed`, { method: "POST", body: "{}" });
+    expect(parsed.status).toBe(500);
+    expect(await parsed.text()).toMatch(/before any body parser/);
+  });
+});
+
 describe.skipIf(redisDown !== undefined)("redis: a relayed entry through the inbox", () => {
   it("read again before its XACK (a consumer crash), and added again as a relay redelivery adds it: effect once", async () => {
     const redis = new Redis({ host: HOST, port: REDIS_PORT, maxRetriesPerRequest: 1 });
