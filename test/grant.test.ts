@@ -18,6 +18,7 @@ import { run, runQuery } from "../src/sql/executor.js";
 import { fetchStatement } from "../src/sql/fetch.js";
 import {
   INSPECTOR_SELECT_COLUMNS,
+  PRODUCER_DEDUPE_COLUMNS,
   PRODUCER_INSERT_COLUMNS,
   PRODUCER_SELECT_COLUMNS,
   REPAIR_INSERT_COLUMNS,
@@ -191,9 +192,13 @@ describe("outbox-worker grant: what each role holds", () => {
         "schema: USAGE",
         ...columns("messages", PRODUCER_INSERT_COLUMNS, "INSERT"),
         "messages.topic: INSERT",
+        ...columns("messages", PRODUCER_DEDUPE_COLUMNS, "INSERT"),
         ...columns("messages", PRODUCER_SELECT_COLUMNS, "SELECT"),
+        ...columns("messages", PRODUCER_DEDUPE_COLUMNS, "SELECT"),
         "fan_out: EXECUTE",
         "topic_queues: EXECUTE",
+        // Cancel by dedupe key runs as the owner: the producer holds no DELETE on messages.
+        "cancel: EXECUTE",
       ].sort(),
     );
     const workerRights = [
@@ -263,6 +268,7 @@ describe("outbox-worker grant: what each role holds", () => {
       [schema],
     );
     expect(definers.map((f) => f.proname)).toEqual([
+      "cancel",
       "dead_letter",
       "expire_dead_letters",
       "fan_out",
@@ -1185,6 +1191,20 @@ describe("every right is needed", () => {
     }
   };
   const topicEvent = () => inProducerTransaction((c) => outbox.publishToTopic(c, "n.topic", { n: 1 }));
+  // A keyed message published with a dedupe key, published again (the no-op), then cancelled: its
+  // successor-less head goes, all as the producer.
+  const publishDeduped = () =>
+    inProducerTransaction(async (c) => {
+      const first = await outbox.publish(c, "n.q", { n: 1 }, { key: "k", dedupeKey: "d" });
+      const again = await outbox.publish(c, "n.q", { n: 2 }, { key: "k", dedupeKey: "d" });
+      if (!again.deduplicated || again.id !== first.id) throw new Error(`not deduplicated: ${JSON.stringify(again)}`);
+    });
+  const cancelDeduped = () =>
+    inProducerTransaction(async (c) => {
+      await outbox.publish(c, "n.q", { n: 1 }, { key: "k", dedupeKey: "c" });
+      const result = await outbox.cancel(c, "n.q", "c");
+      if (result.status !== "cancelled") throw new Error(`not cancelled: ${JSON.stringify(result)}`);
+    });
   const topicRow = () =>
     inProducerTransaction((c) =>
       c.query(`INSERT INTO ${names.messages} (topic, payload, key) VALUES ('n.topic', '1', 'k')`),
@@ -1233,6 +1253,12 @@ describe("every right is needed", () => {
       op: publishKeyed,
     })),
     { right: `INSERT (topic) ON ${m}`, of: role.producer, op: topicRow },
+    // The dedupe key is written, and read back by ON CONFLICT's arbiter and the pending message's look-up.
+    ...PRODUCER_DEDUPE_COLUMNS.flatMap((c) => [
+      { right: `INSERT (${c}) ON ${m}`, of: role.producer, op: publishDeduped },
+      { right: `SELECT (${c}) ON ${m}`, of: role.producer, op: publishDeduped },
+    ]),
+    { right: `EXECUTE ON ${fn("cancel(text, text)")}`, of: role.producer, op: cancelDeduped },
     { right: `EXECUTE ON ${fn("fan_out(text, jsonb, boolean)")}`, of: role.producer, op: topicEvent },
     // The topic row's trigger calls fan_out as the inserting role.
     { right: `EXECUTE ON ${fn("fan_out(text, jsonb, boolean)")}`, of: role.producer, op: topicRow },
