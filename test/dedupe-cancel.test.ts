@@ -38,8 +38,11 @@ interface Row {
   payload: unknown;
 }
 const rows = async (where = "true"): Promise<Row[]> =>
-  (await db.pool.query(`SELECT id, queue, key, dedupe_key, head, payload FROM ${m} WHERE ${where} ORDER BY id`))
-    .rows;
+  (
+    await db.pool.query(
+      `SELECT id, queue, key, dedupe_key, head, payload FROM ${m} WHERE ${where} ORDER BY id`,
+    )
+  ).rows;
 
 /** A promise the test resolves when it chooses. */
 function gate() {
@@ -52,7 +55,9 @@ function gate() {
 
 /** Whether the backend `pid` is waiting for a lock (a heavyweight one: a row's or a transaction's). */
 async function waitingForLock(pid: number): Promise<boolean> {
-  const { rows: r } = await db.pool.query("SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", [pid]);
+  const { rows: r } = await db.pool.query("SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", [
+    pid,
+  ]);
   return r[0]?.wait_event_type === "Lock";
 }
 
@@ -292,10 +297,10 @@ describe("refusals, before anything is sent", () => {
   });
 
   it("refuses a batch mixing items with and without a dedupe key", async () => {
-    const mixed = [
-      { payload: 1, dedupeKey: "a" },
-      { payload: 2 },
-    ] as unknown as { payload: number; dedupeKey: string }[];
+    const mixed = [{ payload: 1, dedupeKey: "a" }, { payload: 2 }] as unknown as {
+      payload: number;
+      dedupeKey: string;
+    }[];
     const error = await refusal(() => db.inTransaction((c) => outbox.publishMany(c, "jobs", mixed)));
     expect(error.field).toBe("dedupeKey");
     expect(error.index).toBe(1);
@@ -312,7 +317,10 @@ describe("refusals, before anything is sent", () => {
     expect(topic.message).toMatch(/not supported when publishing to a topic/);
     const many = await refusal(() =>
       db.inTransaction((c) =>
-        outbox.publishManyToTopic(c, "order.placed", [{ payload: 1 }, { payload: 2, dedupeKey: "b" }] as never),
+        outbox.publishManyToTopic(c, "order.placed", [
+          { payload: 1 },
+          { payload: 2, dedupeKey: "b" },
+        ] as never),
       ),
     );
     expect(many.index).toBe(1);

@@ -377,6 +377,49 @@ describe("upgrading a schema whose rights were granted", () => {
   });
 });
 
+describe("upgrading to dedupe keys (migration 0017)", () => {
+  it("gives cancel and the dedupe_key column to the producers granted before, and to nobody else", async () => {
+    const upgraded = `${schema}_dedupe`;
+    const p = role.producer;
+    await db.pool.query(`DROP SCHEMA IF EXISTS "${upgraded}" CASCADE`);
+    try {
+      await migrate({
+        connection: db.pool,
+        schema: upgraded,
+        migrationsDir: await shippedMigrationsUpTo(15),
+      });
+      const s = `"${upgraded}"`;
+      // What `grant --producer` of the release before 0017 gave (and took from PUBLIC).
+      await db.pool.query(`REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ${s} FROM PUBLIC;
+        GRANT USAGE ON SCHEMA ${s} TO "${p}", "${role.worker}";
+        GRANT INSERT (queue, payload, headers, key, available_at, topic), SELECT (id, queue, key) ON ${s}.messages TO "${p}";
+        GRANT INSERT (queue, payload, headers, key, available_at), SELECT, DELETE ON ${s}.messages TO "${role.chainer}"`);
+      await migrate({ connection: db.pool, schema: upgraded });
+      const may = async (sql: string, ...args: string[]) =>
+        (await db.pool.query<{ ok: boolean }>(`SELECT ${sql} AS ok`, args)).rows[0]?.ok;
+      const cancel = `${s}.cancel(text, text)`;
+      expect(await may("has_function_privilege($1, $2, 'EXECUTE')", p, cancel)).toBe(true);
+      expect(await may("has_column_privilege($1, $2, 'dedupe_key', 'INSERT')", p, `${s}.messages`)).toBe(
+        true,
+      );
+      expect(await may("has_column_privilege($1, $2, 'dedupe_key', 'SELECT')", p, `${s}.messages`)).toBe(
+        true,
+      );
+      // A worker allowed follow-ups inserts messages, but is no producer: nothing new for it.
+      expect(await may("has_function_privilege($1, $2, 'EXECUTE')", role.chainer, cancel)).toBe(false);
+      expect(await may("has_function_privilege($1, $2, 'EXECUTE')", role.inspector, cancel)).toBe(false);
+      const { rows } = await db.pool.query(
+        `SELECT 1 FROM pg_proc, aclexplode(COALESCE(proacl, acldefault('f', proowner))) AS a
+         WHERE oid = $1::regprocedure AND a.grantee = 0`,
+        [cancel],
+      );
+      expect(rows).toEqual([]);
+    } finally {
+      await db.pool.query(`DROP SCHEMA IF EXISTS "${upgraded}" CASCADE`);
+    }
+  });
+});
+
 describe("upgrading to the narrower rights (migration 0015)", () => {
   it("keeps roles granted before working until grant runs again, which narrows them", async () => {
     const upgraded = `${schema}_narrow`;
@@ -401,7 +444,7 @@ describe("upgrading to the narrower rights (migration 0015)", () => {
         GRANT SELECT ON ${s}.unprocessed, ${s}.dead_letters TO "${i}"`);
       expect(
         (await migrate({ connection: db.pool, schema: upgraded })).applied.map((m) => m.version),
-      ).toEqual([15]);
+      ).toEqual(versionsAfter(14));
       const may = async (sql: string, ...args: string[]) =>
         (await db.pool.query<{ ok: boolean }>(`SELECT ${sql} AS ok`, args)).rows[0]?.ok;
       const move = `${s}.dead_letter(bigint[], uuid[], text[], text[], integer[], integer[], integer, boolean)`;
@@ -1197,7 +1240,8 @@ describe("every right is needed", () => {
     inProducerTransaction(async (c) => {
       const first = await outbox.publish(c, "n.q", { n: 1 }, { key: "k", dedupeKey: "d" });
       const again = await outbox.publish(c, "n.q", { n: 2 }, { key: "k", dedupeKey: "d" });
-      if (!again.deduplicated || again.id !== first.id) throw new Error(`not deduplicated: ${JSON.stringify(again)}`);
+      if (!again.deduplicated || again.id !== first.id)
+        throw new Error(`not deduplicated: ${JSON.stringify(again)}`);
     });
   const cancelDeduped = () =>
     inProducerTransaction(async (c) => {

@@ -9,6 +9,7 @@ import type { DedupePublishOptions, PublishOptions as PlainPublishOptions } from
 
 /** The options any publish may be given (checked here, whichever form). */
 type PublishOptions = PlainPublishOptions | DedupePublishOptions;
+
 import { type QueueDefinition, validateQueueName } from "./queue.js";
 import { textProblem } from "./storable-text.js";
 import { TOPIC_HEADER, type TopicDefinition, validateTopicName } from "./topic.js";
@@ -34,7 +35,10 @@ const publishOptionsSchema = z
     dedupeKey: z
       .string()
       .min(1, "must not be empty")
-      .refine((k) => Buffer.byteLength(k) <= MAX_DEDUPE_KEY_BYTES, `must be at most ${MAX_DEDUPE_KEY_BYTES} UTF-8 bytes`)
+      .refine(
+        (k) => Buffer.byteLength(k) <= MAX_DEDUPE_KEY_BYTES,
+        `must be at most ${MAX_DEDUPE_KEY_BYTES} UTF-8 bytes`,
+      )
       .optional(),
   })
   .refine((o) => o.delayMs === undefined || o.availableAt === undefined, {

@@ -143,7 +143,10 @@ WHERE m.queue = $1 AND m.dedupe_key = ANY ($3::text[])
       "notify_topic",
       `SELECT count(pg_notify($1, q.queue)) FROM unnest(${names.quotedSchema}.topic_queues($2::text)) AS q(queue)`,
     ),
-    insertOneDedupe: statement("insert_one_dedupe", `${insertOneDedupe} SELECT f.id, f.existing FROM found AS f`),
+    insertOneDedupe: statement(
+      "insert_one_dedupe",
+      `${insertOneDedupe} SELECT f.id, f.existing FROM found AS f`,
+    ),
     insertOneDedupeNotify: statement(
       "insert_one_dedupe_notify",
       `${insertOneDedupe} SELECT f.id, f.existing FROM (SELECT pg_notify($8, $1)) AS wake LEFT JOIN found AS f ON true`,
@@ -156,6 +159,9 @@ WHERE m.queue = $1 AND m.dedupe_key = ANY ($3::text[])
       "insert_many_dedupe_notify",
       `${insertManyDedupe} SELECT f.id, f.dedupe_key, f.existing FROM (SELECT pg_notify($4, $1)) AS wake LEFT JOIN found AS f ON true`,
     ),
-    cancel: statement("cancel", `SELECT c.status, c.id::text AS id FROM ${names.quotedSchema}.cancel($1, $2) AS c`),
+    cancel: statement(
+      "cancel",
+      `SELECT c.status, c.id::text AS id FROM ${names.quotedSchema}.cancel($1, $2) AS c`,
+    ),
   };
 }
