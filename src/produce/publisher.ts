@@ -102,6 +102,7 @@ export interface Publisher {
     payload: I,
     options: DedupePublishOptions,
   ): Promise<DedupedPublish>;
+  /** Insert one message in the caller's transaction. Returns its id. */
   publish<I, O>(trx: Executor, queue: QueueRef<I, O>, payload: I, options?: PublishOptions): Promise<string>;
   /**
    * Insert many messages of one queue in one statement. Returns their ids in input order; when every item
@@ -113,6 +114,7 @@ export interface Publisher {
     queue: QueueRef<I, O>,
     items: readonly DedupePublishItem<I>[],
   ): Promise<DedupedPublish[]>;
+  /** Insert many messages of one queue in one statement. Returns their ids in input order. */
   publishMany<I, O>(
     trx: Executor,
     queue: QueueRef<I, O>,
