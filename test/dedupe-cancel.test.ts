@@ -3,9 +3,11 @@ import pg from "pg";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { OutboxPayloadError } from "../src/contract/errors.js";
 import { FollowUps } from "../src/dispatch/follow-ups.js";
+import { migrate } from "../src/migrate/migrator.js";
 import { disableNotifyTrigger, enableNotifyTrigger } from "../src/migrate/notify-trigger.js";
 import type { DedupedPublish } from "../src/produce/publisher.js";
 import { listen, testDatabase } from "./helpers/database.js";
+import { shippedMigrationsUpTo } from "./helpers/migrations.js";
 import { publisherFor, until, workerFactory } from "./helpers/worker.js";
 
 /**
@@ -331,5 +333,46 @@ describe("refusals, before anything is sent", () => {
     expect(followUp.field).toBe("dedupeKey");
     expect(followUp.message).toMatch(/not supported on a follow-up/);
     expect(followUps.prepared).toEqual([]);
+  });
+});
+
+describe("migrations 0017 and 0020 on an outbox in use", () => {
+  it("builds the unique index although plain SQL gave two pending rows one key before it existed", {
+    timeout: 120_000,
+  }, async () => {
+    const schema = db.freshSchema("mig");
+    const s = `"${schema}"`;
+    await migrate({ connection: db.pool, schema, migrationsDir: await shippedMigrationsUpTo(17) });
+    // Between 0017 and 0020 nothing stops a plain-SQL producer from repeating a key.
+    await db.pool.query(
+      `INSERT INTO ${s}.messages (queue, payload, dedupe_key) VALUES ('q', '1', 'k'), ('q', '2', 'k'), ('q', '3', 'other')`,
+    );
+    const refused = await db.pool
+      .query(`INSERT INTO ${s}.messages (queue, payload, dedupe_key) VALUES ('q', '4', '')`)
+      .then(
+        () => "inserted",
+        (error: Error) => error.message,
+      );
+    expect(refused).toMatch(/messages_dedupe_key_bounded/);
+    await migrate({ connection: db.pool, schema });
+    const { rows: kept } = await db.pool.query(`SELECT payload, dedupe_key FROM ${s}.messages ORDER BY id`);
+    // Every message stays; the later repeat loses its key, the oldest keeps it.
+    expect(kept).toEqual([
+      { payload: 1, dedupe_key: "k" },
+      { payload: 2, dedupe_key: null },
+      { payload: 3, dedupe_key: "other" },
+    ]);
+    const { rows: idx } = await db.pool.query(
+      `SELECT i.indisunique AS unique, i.indisvalid AS valid FROM pg_index AS i
+       WHERE i.indexrelid = to_regclass($1)`,
+      [`${s}.messages_dedupe_key_idx`],
+    );
+    expect(idx).toEqual([{ unique: true, valid: true }]);
+    const { rows: check } = await db.pool.query(
+      `SELECT convalidated FROM pg_constraint WHERE conname = 'messages_dedupe_key_bounded'
+       AND conrelid = to_regclass($1)`,
+      [`${s}.messages`],
+    );
+    expect(check).toEqual([{ convalidated: true }]);
   });
 });
