@@ -269,6 +269,36 @@ describe("cancel", () => {
     expect(handled).toEqual([second, third]);
   });
 
+  it("waits for a producer of the key in flight, so its message becomes head once the cancelled one goes", {
+    timeout: 60_000,
+  }, async () => {
+    const head = await publishWith("head", { key: "K" });
+    const producer = await db.pool.connect();
+    const canceller = await db.pool.connect();
+    try {
+      await producer.query("BEGIN");
+      // Behind the head (the trigger marks it so), not committed yet: it holds the key's lock.
+      const next = await outbox.publish(producer, "jobs", { n: 2 }, { key: "K" });
+      await canceller.query("BEGIN");
+      const pid = (await canceller.query<{ pid: number }>("SELECT pg_backend_pid() AS pid")).rows[0]
+        ?.pid as number;
+      let settled = false;
+      const cancelled = outbox.cancel(canceller, "jobs", "head").finally(() => {
+        settled = true;
+      });
+      // The cancel waits for the key's lock (as an ack's promotion needs it): a promotion now could not see
+      // the producer's row, and the key would be left without a head.
+      await until(async () => settled || (await waitingForLock(pid)), "the cancel waiting or done");
+      await producer.query("COMMIT");
+      expect(await cancelled).toEqual({ status: "cancelled", id: head.id });
+      await canceller.query("COMMIT");
+      expect((await rows()).map((r) => [r.id, r.head])).toEqual([[next, true]]);
+    } finally {
+      producer.release();
+      canceller.release();
+    }
+  });
+
   it("cancelling a message waiting behind its key's head leaves the order of the rest", async () => {
     const head = await db.inTransaction((c) => outbox.publish(c, "jobs", { n: 1 }, { key: "K" }));
     const middle = await publishWith("middle", { key: "K" });
