@@ -161,6 +161,25 @@ describe("publish with a dedupe key", () => {
     ]);
   });
 
+  it("publishes without a key never enter the dedupe index (it stays one empty page)", async () => {
+    await db.inTransaction((c) =>
+      outbox.publishMany(
+        c,
+        "plain",
+        Array.from({ length: 2000 }, (_, n) => ({ payload: { n }, key: n % 2 ? `k${n % 10}` : undefined })),
+      ),
+    );
+    const size = async (index: string) =>
+      (
+        await db.pool.query<{ bytes: string }>("SELECT pg_relation_size(to_regclass($1))::text AS bytes", [
+          `${db.names.quotedSchema}.${index}`,
+        ])
+      ).rows[0]?.bytes;
+    // A btree's metapage alone; the primary key beside it holds the 2,000 rows.
+    expect(await size("messages_dedupe_key_idx")).toBe("8192");
+    expect(Number(await size("messages_pkey"))).toBeGreaterThan(8192);
+  });
+
   it("publishMany: each item's key, a repeat within the batch is a duplicate of its first", async () => {
     const pending = await db.inTransaction((c) => outbox.publish(c, "batch", { n: 0 }, { dedupeKey: "a" }));
     const answers = await db.inTransaction((c) =>
