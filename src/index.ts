@@ -41,6 +41,10 @@ export { migrate, migrationState, printMigrations } from "./migrate/migrator.js"
 export { disableNotifyTrigger, enableNotifyTrigger } from "./migrate/notify-trigger.js";
 export type { ListenerState } from "./notify/notifier.js";
 export type {
+  CancelResult,
+  DedupedPublish,
+  DedupePublishItem,
+  DedupePublishOptions,
   PublishedEvent,
   Publisher,
   PublisherOptions,
@@ -48,6 +52,7 @@ export type {
   PublishOptions,
 } from "./produce/publisher.js";
 export {
+  cancel,
   createPublisher,
   publish,
   publishMany,

@@ -18,6 +18,7 @@ import { run, runQuery } from "../src/sql/executor.js";
 import { fetchStatement } from "../src/sql/fetch.js";
 import {
   INSPECTOR_SELECT_COLUMNS,
+  PRODUCER_DEDUPE_COLUMNS,
   PRODUCER_INSERT_COLUMNS,
   PRODUCER_SELECT_COLUMNS,
   REPAIR_INSERT_COLUMNS,
@@ -191,9 +192,13 @@ describe("outbox-worker grant: what each role holds", () => {
         "schema: USAGE",
         ...columns("messages", PRODUCER_INSERT_COLUMNS, "INSERT"),
         "messages.topic: INSERT",
+        ...columns("messages", PRODUCER_DEDUPE_COLUMNS, "INSERT"),
         ...columns("messages", PRODUCER_SELECT_COLUMNS, "SELECT"),
+        ...columns("messages", PRODUCER_DEDUPE_COLUMNS, "SELECT"),
         "fan_out: EXECUTE",
         "topic_queues: EXECUTE",
+        // Cancel by dedupe key runs as the owner: the producer holds no DELETE on messages.
+        "cancel: EXECUTE",
       ].sort(),
     );
     const workerRights = [
@@ -263,6 +268,7 @@ describe("outbox-worker grant: what each role holds", () => {
       [schema],
     );
     expect(definers.map((f) => f.proname)).toEqual([
+      "cancel",
       "dead_letter",
       "expire_dead_letters",
       "fan_out",
@@ -371,6 +377,49 @@ describe("upgrading a schema whose rights were granted", () => {
   });
 });
 
+describe("upgrading to dedupe keys (migration 0017)", () => {
+  it("gives cancel and the dedupe_key column to the producers granted before, and to nobody else", async () => {
+    const upgraded = `${schema}_dedupe`;
+    const p = role.producer;
+    await db.pool.query(`DROP SCHEMA IF EXISTS "${upgraded}" CASCADE`);
+    try {
+      await migrate({
+        connection: db.pool,
+        schema: upgraded,
+        migrationsDir: await shippedMigrationsUpTo(15),
+      });
+      const s = `"${upgraded}"`;
+      // What `grant --producer` of the release before 0017 gave (and took from PUBLIC).
+      await db.pool.query(`REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ${s} FROM PUBLIC;
+        GRANT USAGE ON SCHEMA ${s} TO "${p}", "${role.worker}";
+        GRANT INSERT (queue, payload, headers, key, available_at, topic), SELECT (id, queue, key) ON ${s}.messages TO "${p}";
+        GRANT INSERT (queue, payload, headers, key, available_at), SELECT, DELETE ON ${s}.messages TO "${role.chainer}"`);
+      await migrate({ connection: db.pool, schema: upgraded });
+      const may = async (sql: string, ...args: string[]) =>
+        (await db.pool.query<{ ok: boolean }>(`SELECT ${sql} AS ok`, args)).rows[0]?.ok;
+      const cancel = `${s}.cancel(text, text)`;
+      expect(await may("has_function_privilege($1, $2, 'EXECUTE')", p, cancel)).toBe(true);
+      expect(await may("has_column_privilege($1, $2, 'dedupe_key', 'INSERT')", p, `${s}.messages`)).toBe(
+        true,
+      );
+      expect(await may("has_column_privilege($1, $2, 'dedupe_key', 'SELECT')", p, `${s}.messages`)).toBe(
+        true,
+      );
+      // A worker allowed follow-ups inserts messages, but is no producer: nothing new for it.
+      expect(await may("has_function_privilege($1, $2, 'EXECUTE')", role.chainer, cancel)).toBe(false);
+      expect(await may("has_function_privilege($1, $2, 'EXECUTE')", role.inspector, cancel)).toBe(false);
+      const { rows } = await db.pool.query(
+        `SELECT 1 FROM pg_proc, aclexplode(COALESCE(proacl, acldefault('f', proowner))) AS a
+         WHERE oid = $1::regprocedure AND a.grantee = 0`,
+        [cancel],
+      );
+      expect(rows).toEqual([]);
+    } finally {
+      await db.pool.query(`DROP SCHEMA IF EXISTS "${upgraded}" CASCADE`);
+    }
+  });
+});
+
 describe("upgrading to the narrower rights (migration 0015)", () => {
   it("keeps roles granted before working until grant runs again, which narrows them", async () => {
     const upgraded = `${schema}_narrow`;
@@ -395,7 +444,7 @@ describe("upgrading to the narrower rights (migration 0015)", () => {
         GRANT SELECT ON ${s}.unprocessed, ${s}.dead_letters TO "${i}"`);
       expect(
         (await migrate({ connection: db.pool, schema: upgraded })).applied.map((m) => m.version),
-      ).toEqual([15]);
+      ).toEqual(versionsAfter(14));
       const may = async (sql: string, ...args: string[]) =>
         (await db.pool.query<{ ok: boolean }>(`SELECT ${sql} AS ok`, args)).rows[0]?.ok;
       const move = `${s}.dead_letter(bigint[], uuid[], text[], text[], integer[], integer[], integer, boolean)`;
@@ -1185,6 +1234,21 @@ describe("every right is needed", () => {
     }
   };
   const topicEvent = () => inProducerTransaction((c) => outbox.publishToTopic(c, "n.topic", { n: 1 }));
+  // A keyed message published with a dedupe key, published again (the no-op), then cancelled: its
+  // successor-less head goes, all as the producer.
+  const publishDeduped = () =>
+    inProducerTransaction(async (c) => {
+      const first = await outbox.publish(c, "n.q", { n: 1 }, { key: "k", dedupeKey: "d" });
+      const again = await outbox.publish(c, "n.q", { n: 2 }, { key: "k", dedupeKey: "d" });
+      if (!again.deduplicated || again.id !== first.id)
+        throw new Error(`not deduplicated: ${JSON.stringify(again)}`);
+    });
+  const cancelDeduped = () =>
+    inProducerTransaction(async (c) => {
+      await outbox.publish(c, "n.q", { n: 1 }, { key: "k", dedupeKey: "c" });
+      const result = await outbox.cancel(c, "n.q", "c");
+      if (result.status !== "cancelled") throw new Error(`not cancelled: ${JSON.stringify(result)}`);
+    });
   const topicRow = () =>
     inProducerTransaction((c) =>
       c.query(`INSERT INTO ${names.messages} (topic, payload, key) VALUES ('n.topic', '1', 'k')`),
@@ -1233,6 +1297,12 @@ describe("every right is needed", () => {
       op: publishKeyed,
     })),
     { right: `INSERT (topic) ON ${m}`, of: role.producer, op: topicRow },
+    // The dedupe key is written, and read back by ON CONFLICT's arbiter and the pending message's look-up.
+    ...PRODUCER_DEDUPE_COLUMNS.flatMap((c) => [
+      { right: `INSERT (${c}) ON ${m}`, of: role.producer, op: publishDeduped },
+      { right: `SELECT (${c}) ON ${m}`, of: role.producer, op: publishDeduped },
+    ]),
+    { right: `EXECUTE ON ${fn("cancel(text, text)")}`, of: role.producer, op: cancelDeduped },
     { right: `EXECUTE ON ${fn("fan_out(text, jsonb, boolean)")}`, of: role.producer, op: topicEvent },
     // The topic row's trigger calls fan_out as the inserting role.
     { right: `EXECUTE ON ${fn("fan_out(text, jsonb, boolean)")}`, of: role.producer, op: topicRow },

@@ -191,11 +191,14 @@ describe("the per-key ordering upgrade on a live outbox", () => {
       `SELECT c.relname AS name, i.indisvalid AS valid FROM pg_index AS i
        JOIN pg_class AS c ON c.oid = i.indexrelid
        WHERE i.indrelid = to_regclass($1)
-         AND c.relname IN ('messages_ready_idx', 'messages_head_ready_idx', 'messages_waiting_idx')
+         AND c.relname IN ('messages_ready_idx', 'messages_head_ready_idx', 'messages_waiting_idx',
+                           'messages_dedupe_key_idx')
        ORDER BY 1`,
       [`"${schema}".messages`],
     );
     expect(indexes.rows).toEqual([
+      // Dedupe keys' index (0020), built concurrently on the live table too.
+      { name: "messages_dedupe_key_idx", valid: true },
       { name: "messages_head_ready_idx", valid: true },
       { name: "messages_waiting_idx", valid: true },
     ]);

@@ -51,6 +51,8 @@ describe("migrate", () => {
       { version: 13, name: "0013_unrouted_index" },
       { version: 14, name: "0014_fan_out_cached_plans" },
       { version: 15, name: "0015_narrow_roles" },
+      { version: 17, name: "0017_dedupe_keys" },
+      { version: 20, name: "0020_dedupe_keys_index" },
     ]);
     const idx = await db.pool.query("SELECT indexname FROM pg_indexes WHERE schemaname = $1 ORDER BY 1", [
       db.schema,
@@ -62,6 +64,7 @@ describe("migrate", () => {
         "messages_leased_idx",
         "messages_key_idx",
         "messages_below_head_idx",
+        "messages_dedupe_key_idx",
       ]),
     );
     // The ready index of before per-key ordering is gone: every unleased row is in exactly one of the two.

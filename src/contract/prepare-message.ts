@@ -5,7 +5,11 @@ import { fieldPath } from "./field-path.js";
 import type { PreparedFollowUp } from "./follow-up.js";
 import { headerNameProblem, headerValueProblem } from "./header-rules.js";
 import { encodePayload } from "./payload.js";
-import type { PublishOptions } from "./publish-options.js";
+import type { DedupePublishOptions, PublishOptions as PlainPublishOptions } from "./publish-options.js";
+
+/** The options any publish may be given (checked here, whichever form). */
+type PublishOptions = PlainPublishOptions | DedupePublishOptions;
+
 import { type QueueDefinition, validateQueueName } from "./queue.js";
 import { textProblem } from "./storable-text.js";
 import { TOPIC_HEADER, type TopicDefinition, validateTopicName } from "./topic.js";
@@ -16,6 +20,9 @@ import { TOPIC_HEADER, type TopicDefinition, validateTopicName } from "./topic.j
  * a refusal never aborts the caller's transaction (or a batch of acks) and names the field.
  */
 
+/** The longest dedupe key, in UTF-8 bytes (with the queue name, well within a btree index entry). */
+export const MAX_DEDUPE_KEY_BYTES = 1024;
+
 const publishOptionsSchema = z
   .strictObject({
     key: z.string().min(1).max(1024).optional(),
@@ -25,6 +32,14 @@ const publishOptionsSchema = z
       .refine((d) => !Number.isNaN(d.getTime()), "must be a valid Date")
       .optional(),
     headers: z.record(z.string(), z.string()).optional(),
+    dedupeKey: z
+      .string()
+      .min(1, "must not be empty")
+      .refine(
+        (k) => Buffer.byteLength(k) <= MAX_DEDUPE_KEY_BYTES,
+        `must be at most ${MAX_DEDUPE_KEY_BYTES} UTF-8 bytes`,
+      )
+      .optional(),
   })
   .refine((o) => o.delayMs === undefined || o.availableAt === undefined, {
     message: "give delayMs or availableAt, not both",
@@ -93,6 +108,7 @@ export function prepareTopicMessage<I, O>(
   maxPayloadBytes: number,
 ): PreparedMessage {
   const topic = resolveTopic(topicRef);
+  refuseTopicDedupe(topic.topic, opts);
   return prepareFor({ name: topic.topic, schema: topic.schema }, payload, opts, maxPayloadBytes);
 }
 
@@ -103,7 +119,41 @@ export function prepareTopicBatch<I, O>(
   maxPayloadBytes: number,
 ): PreparedMessage[] {
   const topic = resolveTopic(topicRef);
+  items.forEach((item, index) => {
+    try {
+      refuseTopicDedupe(topic.topic, item);
+    } catch (error) {
+      if (!(error instanceof OutboxPayloadError)) throw error;
+      throw new OutboxPayloadError(error.queue, error.reason, { field: error.field, index });
+    }
+  });
   return prepareEach({ name: topic.topic, schema: topic.schema }, items, maxPayloadBytes);
+}
+
+/**
+ * Topics take no dedupe key: each subscriber's copy is its own message, and "one pending event" would have
+ * to hold for all of them at once (a copy delivered frees one queue's key, not the others').
+ */
+function refuseTopicDedupe(topic: string, opts: { dedupeKey?: unknown } | undefined): void {
+  if (opts?.dedupeKey !== undefined)
+    refuse(
+      topic,
+      "dedupeKey",
+      "is not supported when publishing to a topic: publish to each queue with its own dedupeKey instead",
+    );
+}
+
+/**
+ * A handler's follow-ups take no dedupe key: they are inserted by the worker's ack statement, which has no
+ * "already pending" answer to give. Called by the follow-up collector before anything is prepared.
+ */
+export function refuseFollowUpDedupe(queue: string, opts: { dedupeKey?: unknown } | undefined): void {
+  if (opts?.dedupeKey !== undefined)
+    refuse(
+      queue,
+      "dedupeKey",
+      "is not supported on a follow-up (message.publish): publish from the handler's own transaction to dedupe",
+    );
 }
 
 function prepareEach<I, O>(
@@ -160,6 +210,10 @@ function checkOptions(queue: string, opts: PublishOptions | undefined): CheckedO
   if (o.key !== undefined) {
     const problem = textProblem(o.key);
     if (problem) refuse(queue, "key", problem);
+  }
+  if (o.dedupeKey !== undefined) {
+    const problem = textProblem(o.dedupeKey);
+    if (problem) refuse(queue, "dedupeKey", problem);
   }
   if (o.delayMs !== undefined && Date.now() + o.delayMs >= END_MS)
     refuse(queue, "delayMs", `${o.delayMs} ms from now is past the year 9999`);

@@ -8,7 +8,7 @@
 import type { FollowUp, PreparedFollowUp } from "../contract/follow-up.js";
 import type { HandlerResult } from "../contract/handler.js";
 import { DEFAULT_MAX_PAYLOAD_BYTES } from "../contract/payload.js";
-import { prepareMessage } from "../contract/prepare-message.js";
+import { prepareMessage, refuseFollowUpDedupe, resolveQueue } from "../contract/prepare-message.js";
 import type { PublishOptions } from "../contract/publish-options.js";
 import type { QueueDefinition } from "../contract/queue.js";
 
@@ -40,6 +40,7 @@ export class FollowUps {
 
   /** What `message.publish` does: validate now, insert with the ack. */
   add<I, O>(queue: QueueDefinition<I, O> | string, payload: I, options?: PublishOptions): void {
+    refuseFollowUpDedupe(resolveQueue(queue).name, options);
     this.#prepared.push(prepareMessage(queue, payload, options, this.#maxPayloadBytes));
   }
 

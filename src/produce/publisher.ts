@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { OutboxConfigError } from "../contract/errors.js";
+import { OutboxConfigError, OutboxError, OutboxPayloadError } from "../contract/errors.js";
 import { DEFAULT_MAX_PAYLOAD_BYTES } from "../contract/payload.js";
 import {
   type PreparedMessage,
@@ -10,22 +10,39 @@ import {
   resolveQueue,
   resolveTopic,
 } from "../contract/prepare-message.js";
-import type { PublishOptions } from "../contract/publish-options.js";
+import type {
+  CancelResult,
+  DedupedPublish,
+  DedupePublishOptions,
+  PublishOptions,
+} from "../contract/publish-options.js";
 import type { QueueDefinition } from "../contract/queue.js";
 import type { TopicDefinition } from "../contract/topic.js";
 import { type Executor, isExecutor, run } from "../sql/executor.js";
 import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
-import { type InsertedRow, produceStatements } from "../sql/produce.js";
+import { type CancelRow, type DedupeRow, type InsertedRow, produceStatements } from "../sql/produce.js";
 import { type CopyRow, topicStatements } from "../sql/topics.js";
 import { NotifyThrottle } from "../util/notify-throttle.js";
 import { loadTracing, tracingLoaded } from "../util/tracing.js";
 
-export type { PublishOptions };
+export type { CancelResult, DedupedPublish, DedupePublishOptions, PublishOptions };
 
 /** One message of a `publishMany` batch: its payload and its own options. */
 export interface PublishItem<P> extends PublishOptions {
   payload: P;
 }
+
+/** One message of a `publishMany` batch with a dedupe key: its payload and its own options. */
+export interface DedupePublishItem<P> extends DedupePublishOptions {
+  payload: P;
+}
+
+/**
+ * Rounds of a dedupe insert before giving up: a round comes back empty only when the message it collided
+ * with committed while it waited (its snapshot cannot see it); the next sees it, or finds it delivered and
+ * inserts. More rounds mean the key's messages are published and delivered faster than it can look.
+ */
+const DEDUPE_ROUNDS = 5;
 
 const publisherOptionsSchema = z.strictObject({
   schema: z.string().default(DEFAULT_SCHEMA),
@@ -73,14 +90,42 @@ export interface PublishedEvent {
 export interface Publisher {
   /** The outbox schema it writes to. */
   readonly schema: string;
+  /**
+   * Insert one message in the caller's transaction. Returns its id; with a `dedupeKey`, a
+   * {@link DedupedPublish}: while a message of the queue with that key is pending, nothing is inserted and
+   * its id comes back with `deduplicated: true`. A producer whose same-key message is not yet committed
+   * makes this call wait for its transaction (then: its id, or the insert if it rolled back).
+   */
+  publish<I, O>(
+    trx: Executor,
+    queue: QueueRef<I, O>,
+    payload: I,
+    options: DedupePublishOptions,
+  ): Promise<DedupedPublish>;
   /** Insert one message in the caller's transaction. Returns its id. */
   publish<I, O>(trx: Executor, queue: QueueRef<I, O>, payload: I, options?: PublishOptions): Promise<string>;
+  /**
+   * Insert many messages of one queue in one statement. Returns their ids in input order; when every item
+   * has a `dedupeKey`, a {@link DedupedPublish} per item (an item repeating an earlier item's key is a
+   * duplicate of it). Items with and without a dedupe key cannot share a batch.
+   */
+  publishMany<I, O>(
+    trx: Executor,
+    queue: QueueRef<I, O>,
+    items: readonly DedupePublishItem<I>[],
+  ): Promise<DedupedPublish[]>;
   /** Insert many messages of one queue in one statement. Returns their ids in input order. */
   publishMany<I, O>(
     trx: Executor,
     queue: QueueRef<I, O>,
     items: readonly PublishItem<I>[],
   ): Promise<string[]>;
+  /**
+   * Remove the pending message of `queue` with `dedupeKey`, in the caller's transaction, unless a live
+   * lease holds it (its handler is running: `delivering`, kept). A removed head of an ordered key hands
+   * its turn to the key's next message, as an ack does.
+   */
+  cancel<I, O>(trx: Executor, queue: QueueRef<I, O>, dedupeKey: string): Promise<CancelResult>;
   /**
    * Publish one event to a topic in the caller's transaction: one message per queue subscribed to it (as
    * the subscriptions stand when the statement runs), all committed or rolled back with the caller's work.
@@ -140,41 +185,16 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
   return {
     schema: names.schema,
 
-    async publish(trx, queueRef, payload, opts) {
-      // Once per process: the optional OpenTelemetry API, imported on first use.
-      if (!tracingLoaded()) await loadTracing();
-      // Every refusal is thrown here, before a statement could fail and abort the caller's transaction.
-      const m = prepareMessage(queueRef, payload, opts, config.maxPayloadBytes);
-      const values: unknown[] = [
-        m.queue,
-        m.payloadText,
-        JSON.stringify(m.headers),
-        m.key,
-        m.availableAt,
-        m.delayMs ?? 0,
-      ];
-      const wake = throttle?.claim(m.queue) ?? false;
-      const rows = wake
-        ? await run<InsertedRow>(trx, sql.insertOneNotify, [...values, names.channel], statementOptions)
-        : await run<InsertedRow>(trx, sql.insertOne, values, statementOptions);
-      const id = rows[0]?.id;
-      if (id === undefined) throw new Error("outbox insert returned no id");
-      return String(id);
-    },
+    publish: publishOne as Publisher["publish"],
+    publishMany: publishBatch as Publisher["publishMany"],
 
-    async publishMany(trx, queueRef, items) {
+    async cancel(trx, queueRef, dedupeKey) {
       const queue = resolveQueue(queueRef).name;
-      if (items.length === 0) return [];
-      if (!tracingLoaded()) await loadTracing();
-      const prepared = prepareBatch(queueRef, items, config.maxPayloadBytes);
-      const batch = `[${prepared.map(encodeItem).join(",")}]`;
-      const wake = throttle?.claim(queue) ?? false;
-      const rows = wake
-        ? await run<InsertedRow>(trx, sql.insertManyNotify, [queue, batch, names.channel], statementOptions)
-        : await run<InsertedRow>(trx, sql.insertMany, [queue, batch], statementOptions);
-      if (rows.length !== items.length)
-        throw new Error(`outbox insert returned ${rows.length} ids for ${items.length} rows`);
-      return rows.map((r) => String(r.id));
+      checkDedupeKey(queue, dedupeKey);
+      const [row] = await run<CancelRow>(trx, sql.cancel, [queue, dedupeKey], statementOptions);
+      if (!row) throw new Error("outbox cancel returned no row");
+      if (row.status === "not_found" || row.id === null) return { status: "not_found" };
+      return { status: row.status, id: row.id };
     },
 
     async publishToTopic(trx, topicRef, payload, opts) {
@@ -193,12 +213,115 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
     },
   };
 
+  async function publishOne<I, O>(
+    trx: Executor,
+    queueRef: QueueRef<I, O>,
+    payload: I,
+    opts?: PublishOptions | DedupePublishOptions,
+  ): Promise<string | DedupedPublish> {
+    // Once per process: the optional OpenTelemetry API, imported on first use.
+    if (!tracingLoaded()) await loadTracing();
+    // Every refusal is thrown here, before a statement could fail and abort the caller's transaction.
+    const m = prepareMessage(queueRef, payload, opts, config.maxPayloadBytes);
+    const values: unknown[] = [
+      m.queue,
+      m.payloadText,
+      JSON.stringify(m.headers),
+      m.key,
+      m.availableAt,
+      m.delayMs ?? 0,
+    ];
+    let wake = throttle?.claim(m.queue) ?? false;
+    const dedupeKey = opts?.dedupeKey;
+    if (dedupeKey === undefined) {
+      const rows = wake
+        ? await run<InsertedRow>(trx, sql.insertOneNotify, [...values, names.channel], statementOptions)
+        : await run<InsertedRow>(trx, sql.insertOne, values, statementOptions);
+      const id = rows[0]?.id;
+      if (id === undefined) throw new Error("outbox insert returned no id");
+      return String(id);
+    }
+    for (let round = 1; round <= DEDUPE_ROUNDS; round++) {
+      const rows = wake
+        ? await run<DedupeRow>(
+            trx,
+            sql.insertOneDedupeNotify,
+            [...values, dedupeKey, names.channel],
+            statementOptions,
+          )
+        : await run<DedupeRow>(trx, sql.insertOneDedupe, [...values, dedupeKey], statementOptions);
+      wake = false;
+      const row = rows.find((r) => r.id !== null);
+      if (row?.id != null) return { id: String(row.id), deduplicated: row.existing };
+    }
+    throw dedupeChurn(m.queue);
+  }
+
+  async function publishBatch<I, O>(
+    trx: Executor,
+    queueRef: QueueRef<I, O>,
+    items: readonly (PublishItem<I> | DedupePublishItem<I>)[],
+  ): Promise<string[] | DedupedPublish[]> {
+    const queue = resolveQueue(queueRef).name;
+    if (items.length === 0) return [];
+    if (!tracingLoaded()) await loadTracing();
+    const prepared = prepareBatch(queueRef, items, config.maxPayloadBytes);
+    const keyed = items.filter((item) => item.dedupeKey !== undefined).length;
+    let wake = throttle?.claim(queue) ?? false;
+    if (keyed === 0) {
+      const batch = `[${prepared.map((m) => encodeItem(m)).join(",")}]`;
+      const rows = wake
+        ? await run<InsertedRow>(trx, sql.insertManyNotify, [queue, batch, names.channel], statementOptions)
+        : await run<InsertedRow>(trx, sql.insertMany, [queue, batch], statementOptions);
+      if (rows.length !== items.length)
+        throw new Error(`outbox insert returned ${rows.length} ids for ${items.length} rows`);
+      return rows.map((r) => String(r.id));
+    }
+    if (keyed !== items.length) {
+      const index = items.findIndex((item) => item.dedupeKey === undefined);
+      throw new OutboxPayloadError(
+        queue,
+        "dedupeKey: give every item of a batch a dedupeKey, or none (the answer is a DedupedPublish per item, or an id per item)",
+        { field: "dedupeKey", index },
+      );
+    }
+    // The first item with a key is the one written; a later one with the same key is its duplicate.
+    const keys = items.map((item) => item.dedupeKey as string);
+    const first = new Map<string, number>();
+    keys.forEach((key, i) => {
+      if (!first.has(key)) first.set(key, i);
+    });
+    const answers = new Map<string, DedupedPublish>();
+    let pending = [...first.keys()];
+    for (let round = 1; round <= DEDUPE_ROUNDS && pending.length > 0; round++) {
+      const batch = `[${pending.map((key) => encodeItem(prepared[first.get(key) as number] as PreparedMessage, key)).join(",")}]`;
+      const rows = wake
+        ? await run<DedupeRow>(
+            trx,
+            sql.insertManyDedupeNotify,
+            [queue, batch, pending, names.channel],
+            statementOptions,
+          )
+        : await run<DedupeRow>(trx, sql.insertManyDedupe, [queue, batch, pending], statementOptions);
+      wake = false;
+      for (const row of rows)
+        if (row.id !== null && row.dedupe_key !== undefined)
+          answers.set(row.dedupe_key, { id: String(row.id), deduplicated: row.existing });
+      pending = pending.filter((key) => !answers.has(key));
+    }
+    if (pending.length > 0) throw dedupeChurn(queue);
+    return keys.map((key, i) => {
+      const answer = answers.get(key) as DedupedPublish;
+      return first.get(key) === i ? answer : { id: answer.id, deduplicated: true };
+    });
+  }
+
   async function fanOut(
     trx: Executor,
     topic: string,
     prepared: PreparedMessage[],
   ): Promise<PublishedEvent[]> {
-    const batch = `[${prepared.map(encodeItem).join(",")}]`;
+    const batch = `[${prepared.map((m) => encodeItem(m)).join(",")}]`;
     // Throttled per topic: the subscribers' queues are learnt from the statement's own result.
     const wake = throttle?.claim(`${TOPIC_WINDOW}${topic}`) ?? false;
     const rows = wake
@@ -214,16 +337,59 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
 /** Throttle windows of topics are kept apart from queues' by this prefix (a queue name cannot hold it). */
 const TOPIC_WINDOW = "#topic ";
 
-function encodeItem(m: PreparedMessage): string {
-  return `{"payload":${m.payloadText},"headers":${JSON.stringify(m.headers)},"key":${JSON.stringify(m.key)},"available_at":${JSON.stringify(m.availableAt?.toISOString() ?? null)},"delay_ms":${m.delayMs ?? 0}}`;
+function encodeItem(m: PreparedMessage, dedupeKey?: string): string {
+  const dedupe = dedupeKey === undefined ? "" : `,"dedupe_key":${JSON.stringify(dedupeKey)}`;
+  return `{"payload":${m.payloadText},"headers":${JSON.stringify(m.headers)},"key":${JSON.stringify(m.key)},"available_at":${JSON.stringify(m.availableAt?.toISOString() ?? null)},"delay_ms":${m.delayMs ?? 0}${dedupe}}`;
+}
+
+function dedupeChurn(queue: string): OutboxError {
+  return new OutboxError(
+    `outbox: publish to ${queue}: the message with this dedupe key was replaced ${DEDUPE_ROUNDS} times while publishing; try again`,
+  );
+}
+
+/** `cancel`'s key is checked as a publish's `dedupeKey` is, before any statement runs. */
+function checkDedupeKey(queue: string, dedupeKey: string): void {
+  prepareMessage(queue, null, { dedupeKey }, Number.MAX_SAFE_INTEGER);
 }
 
 let defaultPublisher: Publisher | undefined;
 
-/** Publish with the default publisher (schema `outbox`, throttled in-transaction wake-ups). */
-export function publish<I, O>(trx: Executor, queue: QueueRef<I, O>, payload: I, options?: PublishOptions) {
+/**
+ * Publish with the default publisher (schema `outbox`, throttled in-transaction wake-ups). Returns the id;
+ * with a `dedupeKey`, a {@link DedupedPublish} (see {@link Publisher.publish}).
+ */
+export function publish<I, O>(
+  trx: Executor,
+  queue: QueueRef<I, O>,
+  payload: I,
+  options: DedupePublishOptions,
+): Promise<DedupedPublish>;
+export function publish<I, O>(
+  trx: Executor,
+  queue: QueueRef<I, O>,
+  payload: I,
+  options?: PublishOptions,
+): Promise<string>;
+export function publish<I, O>(
+  trx: Executor,
+  queue: QueueRef<I, O>,
+  payload: I,
+  options?: PublishOptions | DedupePublishOptions,
+): Promise<string | DedupedPublish> {
   defaultPublisher ??= createPublisher();
-  return defaultPublisher.publish(trx, queue, payload, options);
+  return (defaultPublisher.publish as (...args: unknown[]) => Promise<string | DedupedPublish>)(
+    trx,
+    queue,
+    payload,
+    options,
+  );
+}
+
+/** Cancel a pending message by its dedupe key with the default publisher (see {@link Publisher.cancel}). */
+export function cancel<I, O>(trx: Executor, queue: QueueRef<I, O>, dedupeKey: string): Promise<CancelResult> {
+  defaultPublisher ??= createPublisher();
+  return defaultPublisher.cancel(trx, queue, dedupeKey);
 }
 
 /** Publish one event to a topic with the default publisher. */
@@ -247,8 +413,26 @@ export function publishManyToTopic<I, O>(
   return defaultPublisher.publishManyToTopic(trx, topic, items);
 }
 
-/** Batch publish with the default publisher. */
-export function publishMany<I, O>(trx: Executor, queue: QueueRef<I, O>, items: readonly PublishItem<I>[]) {
+/** Batch publish with the default publisher (see {@link Publisher.publishMany}). */
+export function publishMany<I, O>(
+  trx: Executor,
+  queue: QueueRef<I, O>,
+  items: readonly DedupePublishItem<I>[],
+): Promise<DedupedPublish[]>;
+export function publishMany<I, O>(
+  trx: Executor,
+  queue: QueueRef<I, O>,
+  items: readonly PublishItem<I>[],
+): Promise<string[]>;
+export function publishMany<I, O>(
+  trx: Executor,
+  queue: QueueRef<I, O>,
+  items: readonly (PublishItem<I> | DedupePublishItem<I>)[],
+): Promise<string[] | DedupedPublish[]> {
   defaultPublisher ??= createPublisher();
-  return defaultPublisher.publishMany(trx, queue, items);
+  return (defaultPublisher.publishMany as (...args: unknown[]) => Promise<string[] | DedupedPublish[]>)(
+    trx,
+    queue,
+    items,
+  );
 }

@@ -13,7 +13,9 @@ import { outboxNames, quoteLiteral } from "./names.js";
  *   trigger of a plain-SQL row, which calls it as the inserting role), INSERT of `topic` (that row), EXECUTE
  *   on topic_queues (the trailing wake-up of a publisher with its own notify connection). Both functions are
  *   SECURITY DEFINER: no right on subscriptions or dead_letters. topic_queues tells a producer nothing fan_out
- *   does not (its copies name their queues, even in a transaction rolled back).
+ *   does not (its copies name their queues, even in a transaction rolled back). Dedupe keys: INSERT and
+ *   SELECT of `dedupe_key` (the ON CONFLICT arbiter, and the pending message's id read back), EXECUTE on
+ *   cancel (SECURITY DEFINER: it deletes a pending, unleased message by dedupe key only; no DELETE).
  * - worker: lease, ack, retry, release, renew (messages SELECT, DELETE, and UPDATE of the lease and
  *   bookkeeping columns only: it cannot rewrite a payload, queue, key or headers), the dead-letter move
  *   through dead_letter (SECURITY DEFINER: it takes the content from the row the worker holds; the worker
@@ -77,10 +79,20 @@ export function validateRoleName(name: unknown, field = "role"): string {
 export const PRODUCER_INSERT_COLUMNS = ["queue", "payload", "headers", "key", "available_at"] as const;
 /** `id` for RETURNING; `queue` and `key` for the key-head trigger's look-up. */
 export const PRODUCER_SELECT_COLUMNS = ["id", "queue", "key"] as const;
+/**
+ * A publish with a dedupe key writes it, and reads it back: the ON CONFLICT arbiter (queue, dedupe_key) and
+ * the look-up of the pending message's id (migrations 0017, 0020). Not given to follow-ups (they refuse it).
+ */
+export const PRODUCER_DEDUPE_COLUMNS = ["dedupe_key"] as const;
 /** A plain-SQL producer's row for a topic: expanded by fan_out through a trigger, never stored. */
 export const PRODUCER_TOPIC_COLUMNS = ["topic"] as const;
 /** publishToTopic and the topic row's trigger (fan_out); the trailing wake-up of a topic (topic_queues). */
-export const PRODUCER_FUNCTIONS = ["fan_out(text, jsonb, boolean)", "topic_queues(text)"] as const;
+export const PRODUCER_FUNCTIONS = [
+  "fan_out(text, jsonb, boolean)",
+  "topic_queues(text)",
+  // `cancel` by dedupe key (migration 0017), as the schema's owner: no DELETE on messages for producers.
+  "cancel(text, text)",
+] as const;
 /**
  * What `status` (queue counts) and the replay preview (`id`) read of messages: no payload, headers or error,
  * and no lease token (acquired_at tells a lease; the `leases` view names its worker).
@@ -206,8 +218,12 @@ export const READ_RIGHTS = {
 const RIGHTS: Readonly<Record<GrantOption, readonly Right[]>> = {
   "--producer": [
     usage,
-    table("messages", "INSERT", [...PRODUCER_INSERT_COLUMNS, ...PRODUCER_TOPIC_COLUMNS]),
-    table("messages", "SELECT", PRODUCER_SELECT_COLUMNS),
+    table("messages", "INSERT", [
+      ...PRODUCER_INSERT_COLUMNS,
+      ...PRODUCER_TOPIC_COLUMNS,
+      ...PRODUCER_DEDUPE_COLUMNS,
+    ]),
+    table("messages", "SELECT", [...PRODUCER_SELECT_COLUMNS, ...PRODUCER_DEDUPE_COLUMNS]),
     ...PRODUCER_FUNCTIONS.map(fn),
   ],
   "--worker": [

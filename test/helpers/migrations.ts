@@ -18,9 +18,14 @@ export async function shippedMigrationsUpTo(version: number): Promise<string> {
   return dir;
 }
 
-/** The latest shipped migration's version: the number of files in migrations/. */
-export const LATEST_VERSION = readdirSync(MIGRATIONS_DIR).filter((f) => /^\d{4}_\w+\.sql$/.test(f)).length;
+/** The shipped migrations' versions, in order (numbers may be skipped: each piece of work takes its own). */
+const VERSIONS = readdirSync(MIGRATIONS_DIR)
+  .filter((f) => /^\d{4}_\w+\.sql$/.test(f))
+  .map((f) => Number(f.slice(0, 4)))
+  .sort((a, b) => a - b);
+
+/** The latest shipped migration's version. */
+export const LATEST_VERSION = Math.max(...VERSIONS);
 
 /** The versions a migrate from `after` up to the latest applies, in order. */
-export const versionsAfter = (after: number): number[] =>
-  Array.from({ length: LATEST_VERSION - after }, (_, i) => after + 1 + i);
+export const versionsAfter = (after: number): number[] => VERSIONS.filter((v) => v > after);

@@ -18,9 +18,11 @@ describe("grantStatements", () => {
     expect(sql.filter((s) => s === 'REVOKE ALL ON ALL TABLES IN SCHEMA "outbox" FROM "app"')).toHaveLength(1);
     for (const s of sql.filter((x) => x.startsWith("GRANT"))) expect(s).toMatch(/ TO "(app|w|r)"$/);
     expect(sql).toContain(
-      'GRANT INSERT (queue, payload, headers, key, available_at, topic) ON "outbox".messages TO "app"',
+      'GRANT INSERT (queue, payload, headers, key, available_at, topic, dedupe_key) ON "outbox".messages TO "app"',
     );
-    expect(sql).toContain('GRANT SELECT (id, queue, key) ON "outbox".messages TO "app"');
+    expect(sql).toContain('GRANT SELECT (id, queue, key, dedupe_key) ON "outbox".messages TO "app"');
+    // Cancel by dedupe key, as the schema's owner: no DELETE for a producer.
+    expect(sql).toContain('GRANT EXECUTE ON FUNCTION "outbox".cancel(text, text) TO "app"');
     expect(sql).toContain('GRANT EXECUTE ON FUNCTION "outbox".fan_out(text, jsonb, boolean) TO "app"');
     expect(sql.join("\n")).not.toMatch(/TRUNCATE|CREATE|ALTER|PASSWORD|LOGIN|ALL PRIVILEGES/);
   });
@@ -93,7 +95,7 @@ describe("grantStatements", () => {
       'GRANT INSERT (queue, payload, headers, key, available_at) ON "s".messages TO "w"',
     );
     // Follow-ups go to queues: no topic row, no fan-out.
-    expect(chainer.join("\n")).not.toMatch(/[(, ]topic[,)]|fan_out/);
+    expect(chainer.join("\n")).not.toMatch(/[(, ]topic[,)]|fan_out|dedupe_key|cancel/);
   });
 
   it("creates missing roles NOLOGIN, never with a password, only with create", () => {
