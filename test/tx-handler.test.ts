@@ -258,7 +258,7 @@ describe("handlers that commit with their ack", () => {
     cleanup = () => end("ROLLBACK");
     await outbox.publish(producer, "busy", { i: 2 }, { key: "k" });
     const appName = `tx-busy-${Date.now()}`;
-    await workers.start({
+    const worker = await workers.start({
       workerId: appName,
       queues: {
         busy: handleInTransaction<{ i: number }>(async (payload, message) => {
@@ -280,12 +280,16 @@ describe("handlers that commit with their ack", () => {
       "the ack waits for the producer's key lock",
       60_000,
     );
+    const lost: string[] = [];
+    worker.on("lease_lost", (e) => lost.push(e.id));
     expect(await n(`SELECT count(*)::int AS n FROM ${effects}`)).toBe(0);
     expect(await n(`SELECT count(*)::int AS n FROM ${db.names.messages} WHERE id = $1`, [head])).toBe(1);
     await end("COMMIT");
     await until(async () => (await remaining("busy")) === 0, "both messages are handled", 60_000);
     const { rows } = await db.pool.query(`SELECT i FROM ${effects} ORDER BY seq`);
     expect(rows.map((r) => r.i)).toEqual([1, 2]);
+    // Waited for, never given up as lost (which would leave the row to its lease's expiry).
+    expect(lost).toEqual([]);
   });
 
   it("refuses a transactional queue where no database runs it: the test harness", () => {
