@@ -52,6 +52,7 @@ export interface MessageContext {
  * ends the transaction (savepoints are fine).
  */
 export interface TransactionClient {
+  /** pg's `ClientBase.query`, on the transaction's connection; throws once the handler has returned. */
   query: pg.ClientBase["query"];
 }
 
