@@ -128,6 +128,40 @@ describe("handlers that commit with their ack", () => {
     expect(await n(`SELECT count(DISTINCT message_id)::int AS n FROM ${effects}`)).toBe(10);
   });
 
+  it("a handler that times out mid-query: rolled back on a closed connection, then retried", async () => {
+    const [id] = await publish("slow", [{ payload: {} }]);
+    const sleeper = `pg_sleep(${30 + Math.floor(Math.random() * 1000)})`;
+    cleanup = async () => {
+      // The server notices the closed socket only after the sleep: end that session (its insert rolls back).
+      await db.pool.query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE $1 AND pid <> pg_backend_pid()",
+        [`%${sleeper}%`],
+      );
+    };
+    const worker = await workers.start({
+      retry: constant(10),
+      queues: {
+        slow: handleInTransaction(
+          async (_payload, message) => {
+            await message.transaction.query(`INSERT INTO ${effects} (message_id, i) VALUES ($1, $2)`, [
+              message.id,
+              message.attempts,
+            ]);
+            // The first attempt is still running a query when its timeout fires.
+            if (message.attempts === 0) await message.transaction.query(`SELECT ${sleeper}`);
+          },
+          { timeoutMs: 300 },
+        ),
+      },
+    });
+    const timedOut: string[] = [];
+    worker.on("handler_timeout", (e) => timedOut.push(e.id));
+    await until(async () => (await remaining("slow")) === 0, "the retry is acked", 60_000);
+    expect(timedOut).toEqual([id]);
+    const { rows } = await db.pool.query(`SELECT i FROM ${effects}`);
+    expect(rows.map((r) => r.i)).toEqual([1]);
+  });
+
   for (const form of ["keyless", "keyed follow-up", "keyed parent"] as const) {
     it(`follow-ups (${form}) commit with the handler's writes; a rolled back attempt publishes none`, async () => {
       await publish(
