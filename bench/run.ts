@@ -7,6 +7,7 @@
  *   npm run bench:quick                # under 3 minutes, 1 run each: writes bench/RESULTS.quick.md
  *   npm run bench -- --only drain,scale --out /tmp/r.md
  *   npm run bench -- --only followups --out /tmp/f.md    # what follow-up messages cost the drain
+ *   npm run bench -- --only txhandler --out /tmp/t.md    # what a handler committing with its ack costs
  *
  * Peers come from bench/package.json (installed into bench/node_modules by the npm scripts).
  */
@@ -32,6 +33,7 @@ import { GRAPHILE_LOCAL_QUEUE, GRAPHILE_POLL_ONLY_INTERVAL_MS } from "./peers/gr
 import { PRODUCER_KEYS } from "./peers/outbox.js";
 import { PGBOSS_POLL_SECONDS, pgbossTuning } from "./peers/pgboss.js";
 import { SQL_BATCH } from "./peers/sql.js";
+import type { TxHandlerResult } from "./tx-handler.js";
 
 const quick = process.argv.includes("--quick");
 const P = quick
@@ -1199,6 +1201,53 @@ async function followUpKeysSection() {
   }
 }
 
+// ------------------------------------------------------------------------------------------ tx handler
+
+/**
+ * What a handler that commits with its ack costs (bench/tx-handler.ts, in a process of its own after the
+ * machine is quiet): messages/s of a handler writing one effect row in its ack's transaction against the
+ * same handler writing through a pool with batched acks, as a ratio of medians.
+ */
+async function txHandlerSection() {
+  const rows = quick ? 2_000 : 20_000;
+  for (const deadline = Date.now() + 180_000; Date.now() < deadline; ) {
+    const b = await busy();
+    if (b < QUIET) break;
+    progress(`machine busy (${b.toFixed(2)} CPU-s/s) before the transactional-handler drains: waiting`);
+  }
+  const args = ["--rows", String(rows), "--runs", String(runs), "--concurrency", "10", "--json"];
+  progress(`tx-handler ${args.join(" ")}`);
+  const output = execFileSync(process.execPath, ["--import", "tsx", "bench/tx-handler.ts", ...args], {
+    cwd: ROOT,
+    encoding: "utf8",
+    env: { ...process.env, DATABASE_URL },
+  });
+  const results = JSON.parse(output.trim().split("\n").at(-1) ?? "[]") as TxHandlerResult[];
+  const byMode = new Map(results.map((r) => [r.mode, r]));
+  say("## Handlers that commit with their ack: what the transaction costs");
+  say();
+  say(
+    `Command: \`node --import tsx bench/tx-handler.ts ${args.filter((a) => a !== "--json").join(" ")}\`. ${fmt(rows)} messages, ` +
+      "one worker (concurrency 10); each handler inserts one effect row. `batched`: through a pool of its own, acks " +
+      "batched by the worker; `transaction`: `handleInTransaction`, the effect row, the ack and the COMMIT in one " +
+      "transaction per message on a held connection; `keyed-*`: every message has its own key. Ratios against the " +
+      "batched mode of the same keying.",
+  );
+  say();
+  table(
+    ["mode", "messages/s (median)", "range", "ratio vs batched"],
+    results.map((x) => {
+      const base = byMode.get(x.mode.startsWith("keyed") ? "keyed-batched" : "batched");
+      return [
+        x.mode,
+        fmt(median(x.rates)),
+        range(x.rates),
+        base && base !== x ? ratio(x.rates, base.rates).text : "1.00",
+      ];
+    }),
+  );
+}
+
 // ------------------------------------------------------------------------------------------------ run
 
 const drain = only.includes("drain") ? await drainSection() : undefined;
@@ -1211,6 +1260,7 @@ if (only.includes("followups")) {
   await followUpsSection();
   await followUpKeysSection();
 }
+if (only.includes("txhandler")) await txHandlerSection();
 
 say("## Settings per system");
 say();

@@ -1,12 +1,21 @@
 export { MigrationError, OutboxConfigError, OutboxError, OutboxPayloadError } from "./contract/errors.js";
 export type { FollowUp } from "./contract/follow-up.js";
 export { followUp } from "./contract/follow-up.js";
-export type { Handler, HandlerResult, MessageContext, QueueConfig } from "./contract/handler.js";
+export type {
+  Handler,
+  HandlerResult,
+  MessageContext,
+  QueueConfig,
+  TransactionalHandler,
+  TransactionClient,
+  TransactionContext,
+} from "./contract/handler.js";
 export { PermanentError, TransientError } from "./contract/handler-errors.js";
 export type { QueueDefinition } from "./contract/queue.js";
 export type { RetryContext, RetryDecision, RetryStrategy } from "./contract/retry.js";
 export type { TopicDefinition } from "./contract/topic.js";
 export { TOPIC_HEADER, topicMatches } from "./contract/topic.js";
+export { transactionKysely } from "./contract/transaction-kysely.js";
 export type {
   DeadLetter,
   DeadLetterQuery,
@@ -70,7 +79,7 @@ export type { Subscription, SubscriptionTarget } from "./subscribe/subscriptions
 export { listSubscriptions, subscribe, subscribersOf, unsubscribe } from "./subscribe/subscriptions.js";
 export { redactConnectionString } from "./util/redact.js";
 export type { LeasePhase, WorkerEventName, WorkerEvents } from "./worker/events.js";
-export type { WorkerOptions } from "./worker/options.js";
-export { handle } from "./worker/options.js";
+export type { TransactionalQueueOptions, WorkerOptions } from "./worker/options.js";
+export { handle, handleInTransaction } from "./worker/options.js";
 export type { StopResult, Worker } from "./worker/worker.js";
 export { createWorker } from "./worker/worker.js";

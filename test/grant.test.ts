@@ -28,6 +28,7 @@ import {
 import { repairKeyHeadsStatement } from "../src/sql/key-heads.js";
 import { produceStatements } from "../src/sql/produce.js";
 import { listSubscriptions, subscribe, subscribersOf, unsubscribe } from "../src/subscribe/subscriptions.js";
+import { handleInTransaction } from "../src/worker/options.js";
 import { runCli } from "./helpers/cli-in-process.js";
 import { serviceEnv, startCli } from "./helpers/cli-process.js";
 import { testDatabase } from "./helpers/database.js";
@@ -680,6 +681,45 @@ describe("worker", () => {
     expect(dead.rows).toEqual([{ queue: "w.dead", reason: "rejected" }]);
     const repaired = await runQuery(worker, repairKeyHeadsStatement(names), { queues: ["w.keyed"] });
     expect(repaired).toEqual([]);
+  });
+
+  it("runs transactional handlers with no right beyond the worker's (and its rights on the handler's own table); follow-ups refused roll back the handler's writes", async () => {
+    // The handler's writes run as the worker's role, on the app's table: that right is the app's to give.
+    const effects = `"${schema}".tx_effects`;
+    await db.pool.query(`CREATE TABLE IF NOT EXISTS ${effects} (message_id bigint)`);
+    await db.pool.query(`GRANT INSERT ON ${effects} TO ${role.worker}, ${role.chainer}`);
+    await db.inTransaction(async (c) => {
+      await outbox.publish(c, "w.tx", { i: 0 });
+      for (let i = 0; i < 4; i++) await outbox.publish(c, "w.tx", { i }, { key: `t${i % 2}` });
+      await outbox.publish(c, "w.tx-chain", { i: 0 }, { key: "c" });
+    });
+    const write = async (message: { id: string; transaction: { query: pg.ClientBase["query"] } }) => {
+      await message.transaction.query(`INSERT INTO ${effects} (message_id) VALUES ($1)`, [message.id]);
+    };
+    const w = await workers.start({
+      queues: {
+        "w.tx": handleInTransaction(async (_p, message) => write(message)),
+        // A follow-up the worker's role may not insert: dead-lettered at once, naming the grant, and the
+        // handler's write rolled back with the refused ack.
+        "w.tx-chain": handleInTransaction(async (p, message) => {
+          await write(message);
+          return followUp("w.tx-next", p);
+        }),
+      },
+    });
+    const dead = await nextEvent<{ queue: string; reason: string; error: string }>(
+      w,
+      "dead_lettered",
+      (e) => e.queue === "w.tx-chain",
+    );
+    expect(dead.reason).toBe(FOLLOW_UPS_REFUSED);
+    expect(dead.error).toContain("--worker-can-follow-up");
+    await until(async () => {
+      const { rows } = await db.pool.query(`SELECT count(*)::int AS n FROM ${names.messages}`);
+      return rows[0].n === 0;
+    }, "every transactional message handled");
+    const { rows } = await db.pool.query(`SELECT count(*)::int AS n FROM ${effects}`);
+    expect(rows[0].n).toBe(5);
   });
 
   it("reads status, dead letters and the replay preview through the CLI; refused peek (the view), replay and purge", async () => {

@@ -98,6 +98,16 @@ export class Completer {
     }
   }
 
+  /**
+   * An outcome whose write landed elsewhere (an ack committed in its handler's own transaction): reported
+   * exactly as one this completer wrote (state, events, metrics, freed slots).
+   */
+  landedElsewhere(outcome: Outcome): void {
+    settle(outcome.held, SETTLED[outcome.kind]);
+    this.deps.landed(outcome);
+    if (!this.#stopped) this.deps.flushed();
+  }
+
   /** Drop buffered outcomes of rows that were lost meanwhile (their write would touch nothing). */
   forget(held: HeldRow): void {
     this.#buffer = this.#buffer.filter((o) => o.held !== held);

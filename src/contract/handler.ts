@@ -1,3 +1,4 @@
+import type pg from "pg";
 import type { z } from "zod";
 import type { FollowUp } from "./follow-up.js";
 import type { PublishOptions } from "./publish-options.js";
@@ -36,7 +37,38 @@ export interface MessageContext {
    * A retried or dead-lettered delivery publishes nothing. Same as returning {@link followUp}s.
    */
   publish<I, O>(queue: QueueDefinition<I, O> | string, payload: I, options?: PublishOptions): void;
+  /**
+   * The open transaction that will also acknowledge this message, for a queue with `transaction: true`
+   * (see {@link handleInTransaction}); undefined on other queues. Write through it: what it writes
+   * commits together with the ack and the follow-ups, or not at all. It refuses queries once the handler
+   * has returned. For Kysely, see {@link transactionKysely}.
+   */
+  transaction?: TransactionClient | undefined;
 }
+
+/**
+ * The connection of a transactional handler, inside the transaction that acknowledges its message: pg's
+ * `query` (every form), nothing else. Do not send `BEGIN`, `COMMIT` or `ROLLBACK` through it: the worker
+ * ends the transaction (savepoints are fine).
+ */
+export interface TransactionClient {
+  /** pg's `ClientBase.query`, on the transaction's connection; throws once the handler has returned. */
+  query: pg.ClientBase["query"];
+}
+
+/** What a transactional handler gets besides its payload: a {@link MessageContext} whose transaction is open. */
+export interface TransactionContext extends MessageContext {
+  transaction: TransactionClient;
+}
+
+/**
+ * A handler that runs inside the transaction acknowledging its message (`message.transaction`): its writes,
+ * the ack and the follow-ups commit together, or not at all. See {@link handleInTransaction}.
+ */
+export type TransactionalHandler<P = unknown> = (
+  payload: P,
+  message: TransactionContext,
+) => Promise<HandlerResult> | HandlerResult;
 
 /** What a handler may return: nothing, or follow-up messages to insert with its ack. */
 // biome-ignore lint/suspicious/noConfusingVoidType: `void` keeps handlers typed `() => Promise<void>` assignable.
@@ -82,6 +114,14 @@ export interface QueueConfig<P = unknown> {
    * right to change subscriptions (`outbox-worker grant --worker-can-subscribe`).
    */
   subscribe?: readonly string[];
+  /**
+   * Run the handler inside a Postgres transaction that also acknowledges the message: the handler writes
+   * through `message.transaction`, and its writes, the token-fenced ack and the follow-ups commit together
+   * or not at all (a crash, a lost lease or a throw leaves none of them). Costs one transaction and one
+   * pooled connection held for the handler's whole run per message, instead of batched acks. Prefer
+   * {@link handleInTransaction}, which types `message.transaction` as present (default false).
+   */
+  transaction?: boolean;
 }
 
 /** A queue's {@link QueueConfig} with every default filled in, as the dispatcher uses it. */
@@ -94,4 +134,6 @@ export interface ResolvedQueue {
   timeoutMs: number;
   rawPayload: boolean;
   ordered: boolean;
+  /** The handler runs inside the ack's transaction (`QueueConfig.transaction`). */
+  transaction: boolean;
 }

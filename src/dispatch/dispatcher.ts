@@ -4,12 +4,15 @@
  * for the completer.
  */
 
-import type { MessageContext, ResolvedQueue } from "../contract/handler.js";
+import { FOLLOW_UPS_REFUSED } from "../contract/follow-up.js";
+import type { MessageContext, ResolvedQueue, TransactionClient } from "../contract/handler.js";
+import { TransientError } from "../contract/handler-errors.js";
 import type { PublishOptions } from "../contract/publish-options.js";
 import type { QueueDefinition } from "../contract/queue.js";
 import { TOPIC_HEADER } from "../contract/topic.js";
 import { abortHeld, type HeldRow, heldSignal, lose, startCompleting, startRunning } from "../lease/held.js";
-import type { Outcome } from "../lease/outcome.js";
+import type { Outcome, OutcomeOf } from "../lease/outcome.js";
+import { followUpsRefused, type LeaseTransaction, type RowFate } from "../lease/store.js";
 import type { RetryStrategy } from "../retry/strategies.js";
 import {
   endProcessSpan,
@@ -19,6 +22,7 @@ import {
   startProcessSpan,
   tracingLoaded,
 } from "../util/tracing.js";
+import { commitWithAck, handlerClient } from "./ack-transaction.js";
 import { decideFailure, prepareDelivery } from "./decide-outcome.js";
 import { FollowUps, isFollowUp } from "./follow-ups.js";
 import type { LocalQueue } from "./local-queue.js";
@@ -40,6 +44,20 @@ export interface DispatcherDeps {
    * timed-out handlers whose promise has not settled yet (they ignore their signal).
    */
   timedOut(held: HeldRow, timeoutMs: number, stillRunning: number): void;
+  /**
+   * For queues with `transaction: true`: a transaction on a connection of its own, in which the handler
+   * runs and its ack is written. Absent (a store without a database): such queues are refused at start.
+   */
+  transactions?: {
+    begin(): Promise<LeaseTransaction>;
+    whereabouts(held: HeldRow): Promise<RowFate>;
+    /** An ack in a handler's transaction committed: report it as a landed batched ack is reported. */
+    landed(outcome: OutcomeOf<"ack">): void;
+    /** Its row was under another token: rolled back; report it as a batched ack's lost lease. */
+    lost(outcome: OutcomeOf<"ack">): void;
+    /** A try of the ack found its key busy (a producer has not committed): waited for, in the transaction. */
+    busy?(held: HeldRow): void;
+  };
 }
 
 /** A handler in progress: when it times out, and how to stop waiting for it. */
@@ -76,6 +94,9 @@ class Context implements MessageContext {
   /** Made on first publish: most deliveries have none, and pay nothing for the feature. */
   followUps: FollowUps | undefined;
 
+  /** The handler's transaction (transactional queues only), closed when the handler has returned. */
+  transaction: TransactionClient | undefined;
+
   publish<I, O>(queue: QueueDefinition<I, O> | string, payload: I, options?: PublishOptions): void {
     // After the handler settled (a late call from a timed-out or fire-and-forget task) the outcome is
     // already decided: a follow-up added now would ride a later write or none. Refuse it loudly instead.
@@ -96,6 +117,11 @@ class Context implements MessageContext {
   /** The handler's outcome is being decided: no more follow-ups. */
   seal(): void {
     this.#sealed = true;
+  }
+
+  /** Whether the handler may still use its transaction. */
+  get sealed(): boolean {
+    return this.#sealed;
   }
 
   /** Made on first read: most handlers never look at it. */
@@ -248,6 +274,92 @@ export class Dispatcher {
     this.#running.set(held, running);
     this.deps.dispatched(held);
     const context = new Context(held);
+    try {
+      if (!queue.transaction) return await this.#run(held, queue, payload, context, running);
+      return await this.#runInTransaction(held, queue, payload, context, running);
+    } finally {
+      this.#running.delete(held);
+      const ms = performance.now() - held.startedAt;
+      this.#handlerMs = this.#handlerMs === undefined ? ms : this.#handlerMs * 0.8 + ms * 0.2;
+    }
+  }
+
+  /**
+   * A transactional queue's delivery: BEGIN on a connection of its own, the handler with it, then the ack
+   * in the same transaction and COMMIT. Only a failure goes to the completer (its retry or dead-letter
+   * write is the batched one, as for any queue); an ack has landed, or been found lost, by the COMMIT.
+   */
+  async #runInTransaction(
+    held: HeldRow,
+    queue: ResolvedQueue,
+    payload: unknown,
+    context: Context,
+    running: Running,
+  ): Promise<Outcome | undefined> {
+    const transactions = this.deps.transactions;
+    let tx: LeaseTransaction;
+    try {
+      if (!transactions) throw new Error("this worker's store cannot run handlers in a transaction");
+      tx = await transactions.begin();
+    } catch (error) {
+      // No connection (the pool or the database is failing): the handler has not run; retried, not counted.
+      context.seal();
+      return this.#failure(
+        held,
+        queue,
+        new TransientError(`could not open the handler's transaction: ${(error as Error).message}`, {
+          cause: error,
+        }),
+      );
+    }
+    context.transaction = handlerClient(tx.client, () => !context.sealed);
+    const outcome = await this.#run(held, queue, payload, context, running);
+    // The handler has settled: the sweeper must not time out the ack that follows (the busy wait has its
+    // own bound), nor count it overdue.
+    running.expire = undefined;
+    if (outcome.kind !== "ack") {
+      // The handler threw or timed out: its writes are rolled back. A timed-out handler may still have a
+      // query running on the connection: it is destroyed, never handed back to the pool dirty.
+      await tx.rollback(running.expired ? new Error("handler timed out") : undefined);
+      return outcome;
+    }
+    const end = await commitWithAck(tx, outcome, {
+      whereabouts: (h) => transactions.whereabouts(h),
+      // A busy key is waited for while the handler's time lasts (at least a second): a livelock with a
+      // producer waiting on a lock the handler took ends there, rolled back and retried.
+      busyUntil: Math.max(Date.now() + (running.deadline - performance.now()), Date.now() + 1000),
+      onBusy: (h) => transactions.busy?.(h),
+    });
+    try {
+      if (end.kind === "acked") {
+        if (startCompleting(held)) transactions.landed(outcome);
+        return undefined;
+      }
+      if (end.kind === "lost") {
+        transactions.lost(outcome);
+        return undefined;
+      }
+      if (end.kind === "dropped") return undefined;
+      // The worker's role may not insert follow-ups: as for a batched ack, no retry can help.
+      if (followUpsRefused(end.error)) {
+        const error = (end.error as Error).message;
+        return { kind: "dead", held, reason: FOLLOW_UPS_REFUSED, error, attempted: 1, failed: 0 };
+      }
+      return this.#failure(held, queue, end.error);
+    } finally {
+      // Only now: the delivery is settled or lost, so a renewal that raced the COMMIT finds it final.
+      held.writing = false;
+    }
+  }
+
+  /** Run the handler (with its span and timeout) and turn what it did into an outcome. */
+  async #run(
+    held: HeldRow,
+    queue: ResolvedQueue,
+    payload: unknown,
+    context: Context,
+    running: Running,
+  ): Promise<Outcome> {
     // Undefined unless an OpenTelemetry SDK is registered: then the handler runs as before.
     const span = startProcessSpan(context);
     try {
@@ -276,10 +388,6 @@ export class Dispatcher {
       const failure = this.#failure(held, queue, error);
       if (span) endSpan(span, failure, error);
       return failure;
-    } finally {
-      this.#running.delete(held);
-      const ms = performance.now() - held.startedAt;
-      this.#handlerMs = this.#handlerMs === undefined ? ms : this.#handlerMs * 0.8 + ms * 0.2;
     }
   }
 

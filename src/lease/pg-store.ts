@@ -33,6 +33,7 @@ import {
   type Delivery,
   type Landed,
   type LeaseStore,
+  type LeaseTransaction,
   landedByKey,
   type RetryWrite,
   withHandOff,
@@ -65,6 +66,19 @@ export interface PgLeaseStoreOptions {
 const key = (d: Delivery) => deliveryKey(d.id, d.token);
 const BEGIN = statement("begin", "BEGIN");
 const COMMIT = statement("commit", "COMMIT");
+// A handler's transaction is READ COMMITTED whatever the database's default: the keyed ack's promotion is a
+// statement of its own so that its fresh snapshot sees every row a producer of the key committed; under
+// REPEATABLE READ it would read the handler's first snapshot and could leave the key without a head.
+const BEGIN_HANDLER = statement("begin_handler", "BEGIN ISOLATION LEVEL READ COMMITTED");
+const ROLLBACK = statement("rollback", "ROLLBACK");
+// Around a try of an ack with keyed follow-ups inside a handler's transaction: a busy answer (or a lock wait
+// given up, 55P03, which would abort the whole transaction) undoes the try, and with it the key locks and
+// turns it took, so no producer waits on this transaction while it waits on that producer.
+const SAVEPOINT = statement("savepoint", "SAVEPOINT outbox_ack");
+const ROLLBACK_TO_SAVEPOINT = statement("rollback_savepoint", "ROLLBACK TO SAVEPOINT outbox_ack");
+
+/** Runs one statement: on the pool (its own implicit transaction), or on a handler's connection. */
+type Runner = <P, R>(q: Query<P, R>, p: P) => Promise<R[]>;
 const NOTIFY = statement("notify", "SELECT pg_notify($1, $2)");
 /**
  * How long one write tries a key whose producer has not committed (its lock is busy) before answering it
@@ -249,8 +263,12 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): PgLeaseStore {
   }
 
   /** The keyed ack: one call of `ack_key_heads` or `ack_keyed` (completion, promotion and hand-off). */
-  async function ackRound(ws: readonly AckWrite[], handOff: Omit<PromoteParams, "queues" | "keys">) {
-    return keyedAnswer(ws, await ackKeyedIn((q, p) => query(q, p), ws, handOff));
+  async function ackRound(
+    ws: readonly AckWrite[],
+    handOff: Omit<PromoteParams, "queues" | "keys">,
+    run: Runner = query,
+  ) {
+    return keyedAnswer(ws, await ackKeyedIn(run, ws, handOff));
   }
 
   /** The queue and key of every delivery is known and none opted out of ordering: `ack_key_heads` applies. */
@@ -292,19 +310,20 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): PgLeaseStore {
   async function ackFollowUpRound(
     ws: readonly AckWrite[],
     handOff: Omit<PromoteParams, "queues" | "keys">,
+    run: Runner = query,
   ): Promise<KeyedRound> {
     const follow = followUpParams(ws);
-    if (!follow) return ackRound(ws, handOff);
+    if (!follow) return ackRound(ws, handOff, run);
     const ds = held(ws);
     const params = { ...pairs(ds), ...follow, ...handOff, turnTimeoutMs };
     const rows = await followUpKeysWrite(() =>
       knownHeads(ds)
-        ? query(sql.ackKeyHeadsFollowUps, {
+        ? run(sql.ackKeyHeadsFollowUps, {
             ...params,
             parentQueues: textArray(ds.map((d) => d.queue as string)),
             parentKeys: textArray(ds.map((d) => d.key ?? null)),
           })
-        : query(sql.ackKeyedFollowUps, params),
+        : run(sql.ackKeyedFollowUps, params),
     );
     return rows ? keyedAnswer(ws, rows) : allBusy(ws);
   }
@@ -314,11 +333,11 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): PgLeaseStore {
    * locks first, then the deliveries whose keys were all taken acked with their follow-ups; those with a
    * busy key are answered busy and tried again (completeKeyed), the others land now.
    */
-  async function ackFollowUpKeysRound(ws: readonly AckWrite[]): Promise<KeyedRound> {
+  async function ackFollowUpKeysRound(ws: readonly AckWrite[], run: Runner = query): Promise<KeyedRound> {
     const follow = followUpParams(ws);
     if (!follow) return { keys: null, busy: new Set(), next: [] };
     const rows = await followUpKeysWrite(() =>
-      query(sql.ackFollowUpKeys, { ...pairs(held(ws)), ...follow, turnTimeoutMs }),
+      run(sql.ackFollowUpKeys, { ...pairs(held(ws)), ...follow, turnTimeoutMs }),
     );
     if (!rows) return allBusy(ws);
     return { keys: rows[0]?.keys ?? null, busy: new Set(rows[0]?.busy ?? []), next: [] };
@@ -425,9 +444,109 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): PgLeaseStore {
     return p;
   };
   const landed = (rows: KeyRow[]) => landedByKey(new Set(rows.map((r) => r.key)), key);
+
+  /**
+   * One try of the ack of `w` on a handler's connection, in its transaction: the very statements of the
+   * batched ack, with no hand-off (the successor of a key is promoted, and fetched as usual). → what it
+   * found, and how many new heads it made (announced once the transaction commits).
+   */
+  async function ackInTransaction(
+    run: Runner,
+    w: AckWrite,
+  ): Promise<{ found: "acked" | "lost" | "busy"; promoted: number }> {
+    const ws = [w];
+    const follows = w.followUps !== undefined && w.followUps.length > 0;
+    if (w.held.key === null && !w.followUps?.some((f) => f.key !== null)) {
+      const follow = follows ? followUpParams(ws) : undefined;
+      const [result] = follow
+        ? await insertingFollowUps(() => run(sql.ackFollowUps, { ...pairs(held(ws)), ...follow }))
+        : await run(sql.ack, pairs(held(ws)));
+      return { found: result?.deleted === 1 ? "acked" : "lost", promoted: 0 };
+    }
+    const noHandOff = {
+      limit: 0,
+      token: randomUUID(),
+      leaseTtlMs: options.leaseTtlMs,
+      workerId: options.workerId,
+    };
+    const round =
+      w.held.key === null
+        ? await ackFollowUpKeysRound(ws, run)
+        : follows
+          ? await ackFollowUpRound(ws, noHandOff, run)
+          : await ackRound(ws, noHandOff, run);
+    if (round.busy.size > 0) return { found: "busy", promoted: 0 };
+    const acked = round.keys === null || round.keys.includes(key(w.held));
+    return { found: acked ? "acked" : "lost", promoted: round.next.length };
+  }
+
+  async function begin(): Promise<LeaseTransaction> {
+    const client = await options.pool().connect();
+    const timeoutMs = options.queryTimeoutMs;
+    /** Ends the transaction's use of the connection once: back to the pool, or destroyed. */
+    let ended = false;
+    const end = (error?: Error) => {
+      if (ended) return;
+      ended = true;
+      client.release(error);
+    };
+    const runIn: Runner = async (q, p) => {
+      try {
+        return await runQuery(client, q, p, { prepared, timeoutMs });
+      } catch (error) {
+        if (prepared && isPreparedStatementLost(error)) {
+          prepared = false;
+          options.onPreparedLost?.(error);
+        }
+        throw error;
+      }
+    };
+    try {
+      await run(client, BEGIN_HANDLER, [], { timeoutMs });
+    } catch (error) {
+      end(error instanceof Error ? error : new Error(String(error)));
+      throw error;
+    }
+    let promoted = 0;
+    return {
+      client,
+      async ack(w) {
+        // Only an ack with keyed follow-ups keeps locks from a busy try (the follow-up keys it did take).
+        const guarded = w.followUps?.some((f) => f.key !== null) ?? false;
+        if (guarded) await run(client, SAVEPOINT, [], { timeoutMs });
+        const answer = await ackInTransaction(runIn, w);
+        if (answer.found === "busy" && guarded) await run(client, ROLLBACK_TO_SAVEPOINT, [], { timeoutMs });
+        promoted += answer.promoted;
+        return answer.found;
+      },
+      async commit() {
+        try {
+          await run(client, COMMIT, [], { timeoutMs });
+        } catch (error) {
+          end(error instanceof Error ? error : new Error(String(error)));
+          throw error;
+        }
+        end();
+        // New heads are visible now, not before: a wake-up sent earlier would find nothing.
+        if (promoted > 0) options.onPromoted?.(promoted);
+      },
+      async rollback(destroy) {
+        if (ended) return;
+        if (destroy) return end(destroy);
+        try {
+          await run(client, ROLLBACK, [], { timeoutMs });
+          end();
+        } catch (error) {
+          end(error instanceof Error ? error : new Error(String(error)));
+        }
+      },
+    };
+  }
   const held = <W extends { held: Delivery }>(writes: readonly W[]) => writes.map((w) => w.held);
 
   return {
+    begin,
+
     useUnnamedStatements() {
       const was = prepared;
       prepared = false;
@@ -458,9 +577,11 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): PgLeaseStore {
       // Batches without follow-ups (nearly all) keep the plain statements: the follow-up ones cost more.
       const follows = writes.some((w) => w.followUps !== undefined && w.followUps.length > 0);
       if (writes.some((w) => w.held.key !== null))
-        return completeKeyed(writes, handOff, follows ? ackFollowUpRound : ackRound);
+        return completeKeyed(writes, handOff, (ws, h) =>
+          follows ? ackFollowUpRound(ws, h) : ackRound(ws, h),
+        );
       if (follows && writes.some((w) => w.followUps?.some((f) => f.key !== null)))
-        return completeKeyed(writes, 0, ackFollowUpKeysRound);
+        return completeKeyed(writes, 0, (ws) => ackFollowUpKeysRound(ws));
       const follow = follows ? followUpParams(writes) : undefined;
       const [result] = follow
         ? await insertingFollowUps(() => query(sql.ackFollowUps, { ...pairs(held(writes)), ...follow }))

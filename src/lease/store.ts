@@ -1,3 +1,4 @@
+import type pg from "pg";
 import type { PreparedFollowUp } from "../contract/follow-up.js";
 import type { LeasedRow } from "../sql/fetch.js";
 
@@ -110,6 +111,37 @@ export interface LeaseStore {
    * due at once; unlike `release`, the delivery that ended stays counted (it ended without an outcome).
    */
   reclaim(tokens: readonly string[], held: readonly Delivery[]): Promise<ReclaimedLease[]>;
+  /**
+   * Open a transaction on a connection of its own, for a handler that commits with its ack (a queue with
+   * `transaction: true`). Absent from stores without a database (the memory store).
+   */
+  begin?(): Promise<LeaseTransaction>;
+}
+
+/**
+ * What one try of the ack inside a {@link LeaseTransaction} found: `acked` (the row deleted under this
+ * token, its follow-ups inserted), `lost` (another token on the row: roll back), or `busy` (a producer of
+ * its key, or of a follow-up's key, has not committed: nothing of this try was kept; try again shortly).
+ */
+export type TransactionAck = "acked" | "lost" | "busy";
+
+/**
+ * One open transaction on its own pooled connection (READ COMMITTED, so each statement of the keyed ack
+ * sees what producers of the key committed). The handler writes through `client`; `ack` then runs the same
+ * token-fenced ack statements as the batched acks, on this connection; `commit` or `rollback` ends it and
+ * gives the connection back. Every method but `rollback` may throw; the caller then rolls back.
+ */
+export interface LeaseTransaction {
+  readonly client: pg.PoolClient;
+  /** The ack of this one delivery with its follow-ups, in this transaction (no hand-off). */
+  ack(write: AckWrite): Promise<TransactionAck>;
+  /** COMMIT, then the connection goes back to the pool (destroyed when the COMMIT failed). */
+  commit(): Promise<void>;
+  /**
+   * ROLLBACK and give the connection back; with `destroy`, the connection is closed instead (it may be busy
+   * with a query of a handler that timed out: a dirty connection never goes back to the pool). Never throws.
+   */
+  rollback(destroy?: Error): Promise<void>;
 }
 
 /** A delivery whose stale lease `reclaim` cleared, with its row's queue. */

@@ -226,7 +226,7 @@ const TUNING_DESCRIPTIONS: Record<keyof typeof workerTuningShape, string> = {
   queryTimeoutMs: "bound on each database round trip (default leaseTtlMs / 3, at most 10 s)",
   handlerTimeoutMs: "run time after which a handler is aborted and its attempt fails (timeout)",
   poolSize:
-    "the worker's database connections (the service adds 2, 3 with deadLetterRetentionMs; LISTEN takes 1 more)",
+    "the worker's database connections (the service adds 2, 3 with deadLetterRetentionMs, and concurrency when a handler runs in its ack's transaction; LISTEN takes 1 more)",
   maxDeliveries:
     "deliveries ending without an outcome (crash, lost lease) before a row is dead-lettered as max_deliveries",
   maxAttempts: "failures (transient ones excluded) before retries_exhausted",

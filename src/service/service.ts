@@ -92,7 +92,14 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
       connectionString: url,
       // The worker's connections plus two for readiness and the metrics gauges, and one for the
       // dead-letter retention when it is on, so its batches never take a connection the worker counts on.
-      max: config.worker.poolSize + 2 + (config.deadLetterRetentionMs === undefined ? 0 : 1),
+      // Plus one per dispatch loop when a handler runs in its ack's transaction (it holds its connection).
+      max:
+        config.worker.poolSize +
+        2 +
+        (config.deadLetterRetentionMs === undefined ? 0 : 1) +
+        (Object.values(handlers).some((e) => typeof e !== "function" && e.transaction === true)
+          ? config.worker.concurrency
+          : 0),
       application_name: "outbox-worker",
       keepAlive: true,
       // Readiness and metrics share this pool with the worker: their round trips are bounded like the

@@ -46,10 +46,16 @@ export class TestContext implements MessageContext {
   readonly createdAt: Date;
   readonly rawPayload: string;
   readonly signal: AbortSignal;
+  /** The test harness runs no transaction: transactional queues are refused before a context is made. */
+  readonly transaction = undefined;
   readonly #followUps: FollowUps;
   #sealed = false;
 
-  constructor(fields: Omit<MessageContext, "publish" | "signal">, signal: AbortSignal, followUps: FollowUps) {
+  constructor(
+    fields: Omit<MessageContext, "publish" | "signal" | "transaction">,
+    signal: AbortSignal,
+    followUps: FollowUps,
+  ) {
     this.id = fields.id;
     this.queue = fields.queue;
     this.topic = fields.topic;

@@ -5,6 +5,7 @@
  * waiting is the harness's own: on a {@link Clock} the test can drive.
  */
 
+import { OutboxConfigError } from "../contract/errors.js";
 import type { Handler, QueueConfig, ResolvedQueue } from "../contract/handler.js";
 import { TOPIC_HEADER, validateTopicName } from "../contract/topic.js";
 import { type DecisionRow, decideFailure, prepareDelivery } from "../dispatch/decide-outcome.js";
@@ -64,6 +65,14 @@ export function testHandler<P>(
     maxErrorLength: options.maxErrorLength,
   });
   const queue = worker.queues.get(name) as ResolvedQueue;
+  if (queue.transaction) {
+    // Its handler writes through message.transaction: without a database there is nothing to run it on,
+    // and a stand-in would prove nothing about what commits with the ack.
+    throw new OutboxConfigError(
+      `queues.${name}.transaction`,
+      "the test harness runs no database: test a transactional handler with a worker on a real Postgres",
+    );
+  }
   return (payload, message = {}) =>
     runOnce(queue, worker, payload, message, message.clock ?? options.clock ?? systemClock);
 }

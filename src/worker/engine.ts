@@ -1,6 +1,7 @@
 import type { Logger } from "pino";
 import { Completer, type Outcome } from "../complete/completer.js";
 import { Heartbeat } from "../complete/heartbeat.js";
+import { OutboxConfigError } from "../contract/errors.js";
 import { Dispatcher } from "../dispatch/dispatcher.js";
 import { LocalQueue } from "../dispatch/local-queue.js";
 import { Fetcher } from "../fetch/fetcher.js";
@@ -79,6 +80,15 @@ export async function within(promise: Promise<unknown>, ms: number): Promise<boo
 
 export function createEngine(deps: EngineDeps): Engine {
   const { options, store, log, emitter, health } = deps;
+  const begin = store.begin?.bind(store);
+  const transactional = [...options.queues.values()].filter((q) => q.transaction).map((q) => q.name);
+  if (transactional.length > 0 && !begin) {
+    throw new OutboxConfigError(
+      `queues.${transactional[0]}.transaction`,
+      "this lease store has no database to open a transaction on",
+      `queues.${transactional[0]}.transaction: this lease store has no database to open a transaction on`,
+    );
+  }
   // Twice what one fetch or the dispatch loops need, so the next fetch runs while acks are still in flight
   // instead of waiting for them to free slots (a drain otherwise alternates fetch and ack round trips).
   const capacity = 2 * Math.max(options.batchSize, options.concurrency);
@@ -291,6 +301,16 @@ export function createEngine(deps: EngineDeps): Engine {
     retry: options.retry,
     maxErrorLength: options.maxErrorLength,
     submit: (o) => completer.submit(o),
+    ...(begin
+      ? {
+          transactions: {
+            begin,
+            whereabouts: async (h: HeldRow) => (await store.whereabouts([h]))[0] ?? "taken",
+            landed: (o) => completer.landedElsewhere(o),
+            lost: (o) => forget(o.held, "ack"),
+          },
+        }
+      : {}),
     dispatched: (h) => {
       // Guarded: an event object per message is measurable at tens of thousands a second.
       if (emitter.hasListeners("dispatched")) {

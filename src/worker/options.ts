@@ -3,7 +3,7 @@ import pg from "pg";
 import type { Logger } from "pino";
 import { z } from "zod";
 import { OutboxConfigError } from "../contract/errors.js";
-import type { Handler, QueueConfig, ResolvedQueue } from "../contract/handler.js";
+import type { Handler, QueueConfig, ResolvedQueue, TransactionalHandler } from "../contract/handler.js";
 import { type QueueDefinition, validateQueueName } from "../contract/queue.js";
 import type { RetryStrategy } from "../contract/retry.js";
 import { validateTopicPattern } from "../contract/topic.js";
@@ -92,6 +92,7 @@ const queueConfigSchema = z.strictObject({
   rawPayload: z.boolean().optional(),
   ordered: z.boolean().optional(),
   subscribe: z.array(z.string(), "must be an array of topic names or patterns").readonly().optional(),
+  transaction: z.boolean().optional(),
 });
 
 const optionsSchema = z
@@ -248,6 +249,7 @@ export function resolveWorkerOptions(input: WorkerOptions): ResolvedOptions {
       timeoutMs: ("timeoutMs" in config ? config.timeoutMs : undefined) ?? o.handlerTimeoutMs,
       rawPayload: ("rawPayload" in config ? config.rawPayload : undefined) ?? false,
       ordered: ("ordered" in config ? config.ordered : undefined) ?? true,
+      transaction: ("transaction" in config ? config.transaction : undefined) ?? false,
     });
   }
   return {
@@ -270,4 +272,48 @@ export function handle<I, O>(
   options: Omit<QueueConfig<O>, "handler" | "schema" | "rawPayload"> = {},
 ): QueueConfig {
   return { ...options, handler: handler as Handler, schema: queue.schema as z.ZodType | undefined };
+}
+
+/** A queue's settings besides its handler, as {@link handleInTransaction} takes them. */
+export type TransactionalQueueOptions<P> = Omit<QueueConfig<P>, "handler" | "schema" | "transaction">;
+
+/**
+ * A queue whose handler runs inside the transaction that acknowledges its message: `message.transaction`
+ * is open, and what the handler writes through it (or through {@link transactionKysely}) commits together
+ * with the token-fenced ack and the follow-ups, or not at all. With a queue definition first, payloads are
+ * validated by its schema and typed, as {@link handle} does.
+ *
+ * @example
+ * ```ts
+ * queues: {
+ *   "order.placed": handleInTransaction(orderPlaced, async (order, message) => {
+ *     await message.transaction.query("INSERT INTO invoices (order_id) VALUES ($1)", [order.orderId]);
+ *   }),
+ * }
+ * ```
+ */
+export function handleInTransaction<P = unknown>(
+  handler: TransactionalHandler<P>,
+  options?: TransactionalQueueOptions<P>,
+): QueueConfig;
+export function handleInTransaction<I, O>(
+  queue: QueueDefinition<I, O>,
+  handler: TransactionalHandler<O>,
+  options?: Omit<TransactionalQueueOptions<O>, "rawPayload">,
+): QueueConfig;
+export function handleInTransaction(
+  first: QueueDefinition<unknown, unknown> | TransactionalHandler,
+  second?: TransactionalHandler | TransactionalQueueOptions<unknown>,
+  third: TransactionalQueueOptions<unknown> = {},
+): QueueConfig {
+  if (typeof first === "function") {
+    const options = (second ?? {}) as TransactionalQueueOptions<unknown>;
+    return { ...options, handler: first as Handler, transaction: true };
+  }
+  return {
+    ...third,
+    handler: second as Handler,
+    schema: first.schema as z.ZodType | undefined,
+    transaction: true,
+  };
 }

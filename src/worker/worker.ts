@@ -61,6 +61,8 @@ export function createWorker(input: WorkerOptions): Worker {
   const ownsPool = typeof options.connection === "string";
   const queueNames = [...options.queues.keys()];
   const unorderedQueueNames = [...options.queues.values()].filter((q) => !q.ordered).map((q) => q.name);
+  // Each transactional handler holds a pooled connection for its whole run: up to `concurrency` of them.
+  const transactionSlots = [...options.queues.values()].some((q) => q.transaction) ? options.concurrency : 0;
 
   let pool: pg.Pool | undefined;
   let notifier: Notifier | undefined;
@@ -177,8 +179,9 @@ export function createWorker(input: WorkerOptions): Worker {
     if (typeof options.connection === "string") {
       pool = new pg.Pool({
         connectionString: options.connection,
-        // fetch, three completion kinds side by side, heartbeat, and a spare for release on stop
-        max: options.poolSize,
+        // fetch, three completion kinds side by side, heartbeat, and a spare for release on stop; plus one
+        // per dispatch loop when handlers run in their ack's transaction, so those never starve the rest.
+        max: options.poolSize + transactionSlots,
         application_name: `outbox-worker ${options.workerId}`.slice(0, 63),
         keepAlive: true,
         // Connecting is a round trip too: bounded like the statements (a black-holed host never answers).
@@ -186,6 +189,13 @@ export function createWorker(input: WorkerOptions): Worker {
       });
     } else {
       pool = options.connection;
+      const max = pool.options.max ?? 10;
+      if (transactionSlots > 0 && max < options.poolSize + transactionSlots) {
+        log.warn(
+          { poolMax: max, concurrency: options.concurrency, wanted: options.poolSize + transactionSlots },
+          "transactional handlers each hold a pooled connection while they run: with a pool this small, fetches, renewals and acks wait for them; give the pool poolSize + concurrency connections",
+        );
+      }
     }
     // An idle client killed by the server emits 'error' on the pool; unhandled, it would crash the process.
     pool.on("error", (error) => {
