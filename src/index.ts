@@ -1,7 +1,14 @@
 export { MigrationError, OutboxConfigError, OutboxError, OutboxPayloadError } from "./contract/errors.js";
 export type { FollowUp } from "./contract/follow-up.js";
 export { followUp } from "./contract/follow-up.js";
-export type { Handler, HandlerResult, MessageContext, QueueConfig } from "./contract/handler.js";
+export type {
+  FailureAnnouncement,
+  FailureEvent,
+  Handler,
+  HandlerResult,
+  MessageContext,
+  QueueConfig,
+} from "./contract/handler.js";
 export { PermanentError, TransientError } from "./contract/handler-errors.js";
 export type { QueueDefinition } from "./contract/queue.js";
 export type { RetryContext, RetryDecision, RetryStrategy } from "./contract/retry.js";

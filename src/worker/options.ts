@@ -3,10 +3,10 @@ import pg from "pg";
 import type { Logger } from "pino";
 import { z } from "zod";
 import { OutboxConfigError } from "../contract/errors.js";
-import type { Handler, QueueConfig, ResolvedQueue } from "../contract/handler.js";
+import type { FailureAnnouncement, Handler, QueueConfig, ResolvedQueue } from "../contract/handler.js";
 import { type QueueDefinition, validateQueueName } from "../contract/queue.js";
 import type { RetryStrategy } from "../contract/retry.js";
-import { validateTopicPattern } from "../contract/topic.js";
+import { topicMatches, validateTopicName, validateTopicPattern } from "../contract/topic.js";
 import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
 
 const positiveMs = (max: number) => z.number().int().positive().max(max);
@@ -92,6 +92,11 @@ const queueConfigSchema = z.strictObject({
   rawPayload: z.boolean().optional(),
   ordered: z.boolean().optional(),
   subscribe: z.array(z.string(), "must be an array of topic names or patterns").readonly().optional(),
+  announceFailures: z
+    .union([z.strictObject({ queue: z.string() }), z.strictObject({ topic: z.string() })], {
+      error: 'must be { queue: "name" } or { topic: "name" }',
+    })
+    .optional(),
 });
 
 const optionsSchema = z
@@ -153,6 +158,9 @@ const optionsSchema = z
           }
         });
       }
+      if (typeof def === "object" && def.announceFailures)
+        for (const issue of announceIssues(name, def.announceFailures, def.subscribe ?? []))
+          ctx.addIssue({ code: "custom", ...issue });
       if (typeof def === "object" && def.rawPayload && def.schema) {
         ctx.addIssue({
           code: "custom",
@@ -163,6 +171,44 @@ const optionsSchema = z
     }
     for (const issue of tuningIssues(o)) ctx.addIssue({ code: "custom", ...issue });
   });
+
+/**
+ * A queue's `announceFailures`: a valid queue or topic name, and never the queue itself (nor a topic it
+ * subscribes to): a failure event that fails in turn would announce itself again, for ever.
+ */
+export function announceIssues(
+  queue: string,
+  target: FailureAnnouncement,
+  subscribe: readonly string[],
+): TuningIssue[] {
+  const path = ["queues", queue, "announceFailures"];
+  try {
+    if ("queue" in target) {
+      validateQueueName(target.queue, "queue");
+      if (target.queue === queue)
+        return [
+          {
+            path: [...path, "queue"],
+            message: "must not be the queue itself: its failures would announce themselves",
+          },
+        ];
+    } else {
+      validateTopicName(target.topic, "topic");
+      const own = subscribe.find((pattern) => topicMatches(pattern, target.topic));
+      if (own !== undefined)
+        return [
+          {
+            path: [...path, "topic"],
+            message: `must not be a topic this queue subscribes to (${JSON.stringify(own)}): its failures would announce themselves`,
+          },
+        ];
+    }
+  } catch (error) {
+    const e = error as OutboxConfigError;
+    return [{ path: [...path, e.field], message: e.reason }];
+  }
+  return [];
+}
 
 /**
  * Options of {@link createWorker}: `connection` (a connection string or a `pg.Pool`) and `queues` (queue
@@ -248,6 +294,7 @@ export function resolveWorkerOptions(input: WorkerOptions): ResolvedOptions {
       timeoutMs: ("timeoutMs" in config ? config.timeoutMs : undefined) ?? o.handlerTimeoutMs,
       rawPayload: ("rawPayload" in config ? config.rawPayload : undefined) ?? false,
       ordered: ("ordered" in config ? config.ordered : undefined) ?? true,
+      announceFailures: "announceFailures" in config ? config.announceFailures : undefined,
     });
   }
   return {
