@@ -146,6 +146,9 @@ export const WORKER_FUNCTIONS = [
   "promote_heads_after(text[], text[], bigint[], integer, uuid, double precision, text)",
   // The dead-letter move (migration 0015), as the schema's owner: the row's own content, never the worker's.
   "dead_letter(bigint[], uuid[], text[], text[], integer[], integer[], integer, boolean)",
+  // The same move publishing a failure event for queues with `announceFailures` (migration 0018), as the
+  // owner: the event is built from the dead letter; the worker names only where it goes.
+  "dead_letter_announced(bigint[], uuid[], text[], text[], integer[], integer[], integer, boolean, text[], text[], text)",
   // The replay preview (`dead-letters replay --dry-run`, the console's) asks where kept topic events would
   // go: queue names only, which the worker reads in every message anyway.
   "topic_queues(text)",

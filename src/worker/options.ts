@@ -92,11 +92,9 @@ const queueConfigSchema = z.strictObject({
   rawPayload: z.boolean().optional(),
   ordered: z.boolean().optional(),
   subscribe: z.array(z.string(), "must be an array of topic names or patterns").readonly().optional(),
-  announceFailures: z
-    .union([z.strictObject({ queue: z.string() }), z.strictObject({ topic: z.string() })], {
-      error: 'must be { queue: "name" } or { topic: "name" }',
-    })
-    .optional(),
+  // Checked in the options' superRefine: a problem here would surface as the queue's "Invalid input" (the
+  // entry is a union of a handler and this object), without the field's name.
+  announceFailures: z.custom<FailureAnnouncement>(() => true).optional(),
 });
 
 const optionsSchema = z
@@ -158,7 +156,7 @@ const optionsSchema = z
           }
         });
       }
-      if (typeof def === "object" && def.announceFailures)
+      if (typeof def === "object" && def.announceFailures !== undefined)
         for (const issue of announceIssues(name, def.announceFailures, def.subscribe ?? []))
           ctx.addIssue({ code: "custom", ...issue });
       if (typeof def === "object" && def.rawPayload && def.schema) {
@@ -176,16 +174,16 @@ const optionsSchema = z
  * A queue's `announceFailures`: a valid queue or topic name, and never the queue itself (nor a topic it
  * subscribes to): a failure event that fails in turn would announce itself again, for ever.
  */
-export function announceIssues(
-  queue: string,
-  target: FailureAnnouncement,
-  subscribe: readonly string[],
-): TuningIssue[] {
+function announceIssues(queue: string, target: unknown, subscribe: readonly string[]): TuningIssue[] {
   const path = ["queues", queue, "announceFailures"];
+  const keys = typeof target === "object" && target !== null ? Object.keys(target) : [];
+  if (keys.length !== 1 || (keys[0] !== "queue" && keys[0] !== "topic"))
+    return [{ path, message: 'must be { queue: "name" } or { topic: "name" }' }];
   try {
-    if ("queue" in target) {
-      validateQueueName(target.queue, "queue");
-      if (target.queue === queue)
+    if ("queue" in (target as object)) {
+      const t = target as { queue: unknown };
+      validateQueueName(t.queue, "queue");
+      if (t.queue === queue)
         return [
           {
             path: [...path, "queue"],
@@ -193,8 +191,8 @@ export function announceIssues(
           },
         ];
     } else {
-      validateTopicName(target.topic, "topic");
-      const own = subscribe.find((pattern) => topicMatches(pattern, target.topic));
+      const topic = validateTopicName((target as { topic: unknown }).topic, "topic");
+      const own = subscribe.find((pattern) => topicMatches(pattern, topic));
       if (own !== undefined)
         return [
           {

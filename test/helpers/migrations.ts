@@ -18,9 +18,14 @@ export async function shippedMigrationsUpTo(version: number): Promise<string> {
   return dir;
 }
 
-/** The latest shipped migration's version: the number of files in migrations/. */
-export const LATEST_VERSION = readdirSync(MIGRATIONS_DIR).filter((f) => /^\d{4}_\w+\.sql$/.test(f)).length;
+/** The shipped migrations' versions, in order (read from the file names: a version may be skipped). */
+const SHIPPED_VERSIONS = readdirSync(MIGRATIONS_DIR)
+  .filter((f) => /^\d{4}_\w+\.sql$/.test(f))
+  .map((f) => Number(f.slice(0, 4)))
+  .sort((a, b) => a - b);
+
+/** The latest shipped migration's version. */
+export const LATEST_VERSION = SHIPPED_VERSIONS[SHIPPED_VERSIONS.length - 1] ?? 0;
 
 /** The versions a migrate from `after` up to the latest applies, in order. */
-export const versionsAfter = (after: number): number[] =>
-  Array.from({ length: LATEST_VERSION - after }, (_, i) => after + 1 + i);
+export const versionsAfter = (after: number): number[] => SHIPPED_VERSIONS.filter((v) => v > after);
