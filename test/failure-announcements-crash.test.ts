@@ -64,7 +64,7 @@ function startChild(workerId: string, announceTo: "queue" | "topic") {
 
 const childSessions = (workerId: string, where = "true") =>
   n(
-    `SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = 'announce ' || $1 AND ${where}`,
+    `SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name LIKE '%' || $1 || '%' AND ${where}`,
     [workerId],
   );
 
@@ -95,7 +95,7 @@ async function killAndRestart(announceTo: "queue" | "topic", rounds: number): Pr
     if (round % 4 === 2) {
       // Ending the dead client's sessions rolls back the statement it left in flight.
       await db.pool.query(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'announce ' || $1",
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE '%' || $1 || '%'",
         [workerId],
       );
     }

@@ -2,6 +2,7 @@ import { beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { z } from "zod";
 import { defineQueue, handle, PermanentError, type QueueConfig } from "../src/index.js";
 import { replayDeadLetters } from "../src/inspect/dead-letters.js";
+import { loadServiceConfig } from "../src/service/config.js";
 import { expireDeadLettersStatement } from "../src/sql/dead-letters.js";
 import { runQuery } from "../src/sql/executor.js";
 import { subscribe } from "../src/subscribe/subscriptions.js";
@@ -209,5 +210,28 @@ describe("announceFailures options", () => {
       'queues.a.announceFailures: must be { queue: "name" } or { topic: "name" }',
     );
     expect(problem({ a: { handler: reject, announceFailures: { queue: "b" } } })).toBe("accepted");
+  });
+});
+
+describe("a relay's announceFailures in the service config", () => {
+  const load = async (relay: Record<string, unknown>) => {
+    try {
+      const config = await loadServiceConfig({
+        env: {},
+        overrides: { relays: { "hooks.orders": { type: "http", url: "http://127.0.0.1:1/x", ...relay } } },
+      });
+      return config.relays["hooks.orders"]?.announceFailures;
+    } catch (error) {
+      return (error as Error).message;
+    }
+  };
+  it("is taken as a queue or a topic, and refused naming the field when wrong", async () => {
+    expect(await load({ announceFailures: { topic: "hooks.failed" } })).toEqual({ topic: "hooks.failed" });
+    expect(await load({ announceFailures: { queue: "hooks.orders" } })).toContain(
+      "relays.hooks.orders.announceFailures.queue: must not be the relay's own queue",
+    );
+    expect(await load({ announceFailures: { topic: "hooks.*" } })).toContain(
+      "relays.hooks.orders.announceFailures",
+    );
   });
 });
