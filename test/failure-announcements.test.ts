@@ -6,6 +6,7 @@ import { loadServiceConfig } from "../src/service/config.js";
 import { expireDeadLettersStatement } from "../src/sql/dead-letters.js";
 import { runQuery } from "../src/sql/executor.js";
 import { subscribe } from "../src/subscribe/subscriptions.js";
+import { testHandler } from "../src/testing/index.js";
 import { resolveWorkerOptions } from "../src/worker/options.js";
 import { listen, testDatabase } from "./helpers/database.js";
 import { publisherFor, until, workerFactory } from "./helpers/worker.js";
@@ -233,5 +234,17 @@ describe("a relay's announceFailures in the service config", () => {
     expect(await load({ announceFailures: { topic: "hooks.*" } })).toContain(
       "relays.hooks.orders.announceFailures",
     );
+  });
+});
+
+describe("the test harness", () => {
+  it("says where a dead letter's failure is announced", async () => {
+    const run = testHandler({ handler: reject, announceFailures: { topic: "orders.failed" } });
+    expect(await run({})).toMatchObject({
+      kind: "dead",
+      reason: "rejected",
+      announced: { topic: "orders.failed" },
+    });
+    expect(await testHandler(reject)({})).not.toHaveProperty("announced");
   });
 });
