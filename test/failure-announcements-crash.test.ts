@@ -152,7 +152,9 @@ describe("a worker killed while it moves messages to the dead letters and announ
     const ids = await publishDoomed();
     const { hooked } = await killAndRestart("queue", 6);
     expect(hooked).toBeGreaterThan(0);
-    const dead = await db.pool.query(`SELECT id::text FROM ${db.names.deadLetters} ORDER BY id`);
+    const dead = await db.pool.query(
+      `SELECT d.id::text AS id FROM ${db.names.deadLetters} AS d ORDER BY d.id`,
+    );
     expect(dead.rows.map((r) => r.id)).toEqual(ids);
     const events = await eventsPerDeadLetter("failures");
     expect(ids.filter((id) => events.get(id) !== 1)).toEqual([]);
@@ -164,7 +166,9 @@ describe("a worker killed while it moves messages to the dead letters and announ
     await subscribe(db.pool, { schema: db.schema, topic: "doomed.*", queue: "audit" });
     const ids = await publishDoomed();
     await killAndRestart("topic", 4);
-    const dead = await db.pool.query(`SELECT id::text FROM ${db.names.deadLetters} ORDER BY id`);
+    const dead = await db.pool.query(
+      `SELECT d.id::text AS id FROM ${db.names.deadLetters} AS d ORDER BY d.id`,
+    );
     expect(dead.rows.map((r) => r.id)).toEqual(ids);
     for (const queue of ["alerts", "audit"]) {
       const events = await eventsPerDeadLetter(queue);
