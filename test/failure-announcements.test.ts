@@ -1,8 +1,10 @@
+import { randomUUID } from "node:crypto";
 import { beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { z } from "zod";
 import { defineQueue, handle, PermanentError, type QueueConfig } from "../src/index.js";
 import { replayDeadLetters } from "../src/inspect/dead-letters.js";
 import { loadServiceConfig } from "../src/service/config.js";
+import { completeStatements } from "../src/sql/complete.js";
 import { expireDeadLettersStatement } from "../src/sql/dead-letters.js";
 import { runQuery } from "../src/sql/executor.js";
 import { subscribe } from "../src/subscribe/subscriptions.js";
@@ -181,6 +183,62 @@ describe("a queue with announceFailures", () => {
     });
     expect(expired).toEqual([{ queue: "orders", deleted: 1 }]);
     expect(await count("true")).toBe(0);
+  });
+});
+
+describe("dead_letter_announced", () => {
+  it("announces only the deliveries it moved: a lease taken over, or a busy head, announces nothing", async () => {
+    const complete = completeStatements(db.names, { synchronousCommit: true });
+    const ids = await db.inTransaction((c) =>
+      outbox.publishMany(c, "orders", [
+        { payload: { n: 1 } },
+        { payload: { n: 2 }, key: "busy" },
+        { payload: { n: 3 } },
+      ]),
+    );
+    const token = randomUUID();
+    await db.pool.query(
+      `UPDATE ${db.names.messages} SET acquired_token = $1, acquired_at = now(), lease_expires_at = now() + interval '1 hour'`,
+      [token],
+    );
+    const move = (tokens: string[]) =>
+      db.inTransaction((c) =>
+        runQuery(c, complete.deadAnnounced, {
+          ids,
+          tokens,
+          reasons: ids.map(() => "rejected"),
+          errors: ids.map(() => "no"),
+          attempted: ids.map(() => 1),
+          failed: ids.map(() => 1),
+          maxErrorLength: 100,
+          announceQueues: ids.map(() => "failures"),
+          announceTopics: ids.map(() => null),
+          channel: db.names.channel,
+        }),
+      );
+    // An older dead letter of the first row (one a replay skipped because the row was back in messages):
+    // the event must follow this move, not whatever dead letter the id has.
+    await db.pool.query(
+      `INSERT INTO ${db.names.deadLetters} (id, queue, payload, headers, created_at, available_at, deliveries_count, attempts_count, dead_at, reason)
+       VALUES ($1, 'orders', '{}', '{}', now(), now(), 1, 1, now(), 'rejected')`,
+      [ids[0]],
+    );
+    // A producer of the key holds its lock: the keyed head stays (busy); the first row's lease is not ours.
+    const producer = await db.pool.connect();
+    try {
+      await producer.query("BEGIN");
+      await producer.query("SELECT pg_advisory_xact_lock(hashtext('orders'), hashtext('busy'))");
+      const [row] = await move([randomUUID(), token, token]);
+      expect(row?.busy).toEqual([`${ids[1]}/${token}`]);
+      expect(row?.keys).toEqual([`${ids[2]}/${token}`]);
+    } finally {
+      await producer.query("ROLLBACK");
+      producer.release();
+    }
+    const events = await db.pool.query(
+      `SELECT payload ->> 'id' AS id FROM ${db.names.messages} WHERE queue = 'failures'`,
+    );
+    expect(events.rows).toEqual([{ id: ids[2] }]);
   });
 });
 
