@@ -17,7 +17,8 @@ import { outboxNames, quoteLiteral } from "./names.js";
  * - worker: lease, ack, retry, release, renew (messages SELECT, DELETE, and UPDATE of the lease and
  *   bookkeeping columns only: it cannot rewrite a payload, queue, key or headers), the dead-letter move
  *   through dead_letter (SECURITY DEFINER: it takes the content from the row the worker holds; the worker
- *   only reads dead_letters, so it cannot forge one), EXECUTE on ack_keyed/ack_key_heads/promote_heads/
+ *   only reads dead_letters, so it cannot forge one) or dead_letter_announced (the same move, and a failure
+ *   event built from the dead letter for a queue with announceFailures), EXECUTE on ack_keyed/ack_key_heads/promote_heads/
  *   promote_heads_after, schema_migrations SELECT for the version check, `leases` for status. No INSERT, no
  *   DDL, no TRUNCATE. With expire: EXECUTE on expire_dead_letters (SECURITY DEFINER), for the service's
  *   dead-letter retention; no DELETE. With follow-up: INSERT of the producer's columns, for
