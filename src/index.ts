@@ -2,6 +2,8 @@ export { MigrationError, OutboxConfigError, OutboxError, OutboxPayloadError } fr
 export type { FollowUp } from "./contract/follow-up.js";
 export { followUp } from "./contract/follow-up.js";
 export type {
+  FailureAnnouncement,
+  FailureEvent,
   Handler,
   HandlerResult,
   MessageContext,

@@ -215,6 +215,7 @@ describe("outbox-worker grant: what each role holds", () => {
       "promote_heads: EXECUTE",
       "promote_heads_after: EXECUTE",
       "dead_letter: EXECUTE",
+      "dead_letter_announced: EXECUTE",
       "topic_queues: EXECUTE",
     ];
     expect(await privilegesOf(role.worker)).toEqual([...workerRights].sort());
@@ -271,6 +272,7 @@ describe("outbox-worker grant: what each role holds", () => {
     expect(definers.map((f) => f.proname)).toEqual([
       "cancel",
       "dead_letter",
+      "dead_letter_announced",
       "expire_dead_letters",
       "fan_out",
       "route_unrouted",
@@ -449,6 +451,11 @@ describe("upgrading to the narrower rights (migration 0015)", () => {
       const may = async (sql: string, ...args: string[]) =>
         (await db.pool.query<{ ok: boolean }>(`SELECT ${sql} AS ok`, args)).rows[0]?.ok;
       const move = `${s}.dead_letter(bigint[], uuid[], text[], text[], integer[], integer[], integer, boolean)`;
+      // Migration 0018's move with announcements goes to whoever may run the move, and nobody else.
+      const announced = `${s}.dead_letter_announced(bigint[], uuid[], text[], text[], integer[], integer[], integer, boolean, text[], text[], text)`;
+      expect(await may("has_function_privilege($1, $2, 'EXECUTE')", w, announced)).toBe(true);
+      expect(await may("has_function_privilege($1, $2, 'EXECUTE')", i, announced)).toBe(false);
+      expect(await may("has_function_privilege($1, $2, 'EXECUTE')", role.producer, announced)).toBe(false);
       const expire = `${s}.expire_dead_letters(double precision, integer)`;
       // The new code's objects, to whoever could do the same before; nobody else, PUBLIC included.
       expect(await may("has_function_privilege($1, $2, 'EXECUTE')", w, move)).toBe(true);
@@ -720,6 +727,51 @@ describe("worker", () => {
     }, "every transactional message handled");
     const { rows } = await db.pool.query(`SELECT count(*)::int AS n FROM ${effects}`);
     expect(rows[0].n).toBe(5);
+  });
+
+  it("announces failures to a queue and to a topic's subscribers, keyed and keyless, without INSERT on messages", async () => {
+    await subscribe(db.pool, { schema, topic: "w.failed", queue: "w.failed.sub" });
+    await db.inTransaction(async (c) => {
+      await outbox.publish(c, "w.ann", { i: 0 }, { key: "a" });
+      await outbox.publish(c, "w.ann", { i: 1 }, { key: "a" });
+      await outbox.publish(c, "w.ann", { i: 2 });
+      await outbox.publish(c, "w.ann.t", { i: 3 });
+    });
+    const fail = () => {
+      throw new PermanentError("no");
+    };
+    await workers.start({
+      queues: {
+        "w.ann": { handler: fail, announceFailures: { queue: "w.failures" } },
+        "w.ann.t": { handler: fail, announceFailures: { topic: "w.failed" } },
+      },
+    });
+    await until(async () => {
+      const { rows } = await db.pool.query(
+        `SELECT count(*)::int AS n FROM ${names.messages} WHERE queue IN ('w.ann', 'w.ann.t')`,
+      );
+      return rows[0].n === 0;
+    }, "every announcing message dead-lettered");
+    const { rows } = await db.pool.query(
+      `SELECT queue, payload ->> 'queue' AS of, (payload ->> 'id')::bigint AS id FROM ${names.messages}
+       WHERE queue IN ('w.failures', 'w.failed.sub') ORDER BY 3`,
+    );
+    const dead = await db.pool.query(
+      `SELECT id, queue FROM ${names.deadLetters} WHERE queue IN ('w.ann', 'w.ann.t') ORDER BY id`,
+    );
+    expect(rows).toEqual(
+      dead.rows.map((d) => ({
+        queue: d.queue === "w.ann" ? "w.failures" : "w.failed.sub",
+        of: d.queue,
+        id: d.id,
+      })),
+    );
+    expect(rows).toHaveLength(4);
+    await db.pool.query(
+      `DELETE FROM ${names.messages} WHERE queue IN ('w.failures', 'w.failed.sub');
+       DELETE FROM ${names.deadLetters} WHERE queue IN ('w.ann', 'w.ann.t')`,
+    );
+    await unsubscribe(db.pool, { schema, topic: "w.failed", queue: "w.failed.sub" });
   });
 
   it("reads status, dead letters and the replay preview through the CLI; refused peek (the view), replay and purge", async () => {
@@ -1109,6 +1161,7 @@ describe("inspector", () => {
       // The token fences a worker's writes: nobody but the worker reads it.
       `SELECT acquired_token FROM ${names.messages}`,
       `SELECT * FROM ${names.quotedSchema}.dead_letter('{}', '{}', '{}', '{}', '{}', '{}', 1, true)`,
+      `SELECT * FROM ${names.quotedSchema}.dead_letter_announced('{}', '{}', '{}', '{}', '{}', '{}', 1, true, '{}', '{}', 'c')`,
       `SELECT * FROM ${names.quotedSchema}.expire_dead_letters(0, 10)`,
       `UPDATE ${names.messages} SET available_at = now()`,
       `DELETE FROM ${names.messages}`,
@@ -1223,6 +1276,18 @@ describe("every right is needed", () => {
       attempted: [],
       failed: [],
       maxErrorLength: 100,
+    });
+  const deadAnnounced = () =>
+    runQuery(worker, complete.deadAnnounced, {
+      ...none,
+      reasons: [],
+      errors: [],
+      attempted: [],
+      failed: [],
+      maxErrorLength: 100,
+      announceQueues: [],
+      announceTopics: [],
+      channel: names.channel,
     });
   const ackKeyed = () =>
     runQuery(worker, complete.ackKeyed, { ...none, limit: 0, token, leaseTtlMs: 1000, workerId: "w" });
@@ -1366,6 +1431,11 @@ describe("every right is needed", () => {
       right: `EXECUTE ON ${fn("dead_letter(bigint[], uuid[], text[], text[], integer[], integer[], integer, boolean)")}`,
       of: role.worker,
       op: dead,
+    },
+    {
+      right: `EXECUTE ON ${fn("dead_letter_announced(bigint[], uuid[], text[], text[], integer[], integer[], integer, boolean, text[], text[], text)")}`,
+      of: role.worker,
+      op: deadAnnounced,
     },
     { right: `SELECT ON ${names.leases}`, of: role.worker, op: () => workerLeases(worker, schema) },
     {

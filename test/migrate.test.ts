@@ -52,6 +52,7 @@ describe("migrate", () => {
       { version: 14, name: "0014_fan_out_cached_plans" },
       { version: 15, name: "0015_narrow_roles" },
       { version: 17, name: "0017_dedupe_keys" },
+      { version: 18, name: "0018_failure_announcements" },
       { version: 20, name: "0020_dedupe_keys_index" },
     ]);
     const idx = await db.pool.query("SELECT indexname FROM pg_indexes WHERE schemaname = $1 ORDER BY 1", [

@@ -122,6 +122,43 @@ export interface QueueConfig<P = unknown> {
    * {@link handleInTransaction}, which types `message.transaction` as present (default false).
    */
   transaction?: boolean;
+  /**
+   * Announce this queue's failures: every move of one of its messages to the dead letters also publishes a
+   * failure event ({@link FailureEvent}) to the queue or topic named here, in the same transaction as the
+   * move, so the event exists if and only if the dead letter does. Not to this queue itself.
+   */
+  announceFailures?: FailureAnnouncement;
+}
+
+/** Where a queue's failures are announced: one queue, or one topic (a copy per subscriber). */
+export type FailureAnnouncement = { queue: string } | { topic: string };
+
+/**
+ * The payload of a failure event (`QueueConfig.announceFailures`): the dead letter's own data as the move
+ * wrote it. Its message is keyless and carries the headers `outbox-failure-of` (the failed message's id)
+ * and the failed message's `traceparent` / `tracestate`, when it had them.
+ */
+export interface FailureEvent {
+  /** The failed message's id (its dead letter's id). */
+  id: string;
+  /** The queue it failed in. */
+  queue: string;
+  /** The dead-letter reason: `rejected`, `retries_exhausted`, `invalid_payload`, `max_deliveries`, … */
+  reason: string;
+  /** The error as stored in the dead letter (bounded by `maxErrorLength`), or null. */
+  error: string | null;
+  /** Handler attempts that ended, this one included. */
+  attempts: number;
+  /** Times the message was leased. */
+  deliveries: number;
+  /** The failed message's ordering key. */
+  key: string | null;
+  /** The failed message's headers. */
+  headers: Record<string, string>;
+  /** When it was moved (server clock), ISO 8601. */
+  failedAt: string;
+  /** The topic the failed message was a copy of, for a subscriber's copy. */
+  topic?: string;
 }
 
 /** A queue's {@link QueueConfig} with every default filled in, as the dispatcher uses it. */
@@ -136,4 +173,5 @@ export interface ResolvedQueue {
   ordered: boolean;
   /** The handler runs inside the ack's transaction (`QueueConfig.transaction`). */
   transaction: boolean;
+  announceFailures: FailureAnnouncement | undefined;
 }

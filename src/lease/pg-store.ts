@@ -3,6 +3,7 @@ import { setTimeout as delay } from "node:timers/promises";
 import type pg from "pg";
 import { OutboxError } from "../contract/errors.js";
 import type { PreparedFollowUp } from "../contract/follow-up.js";
+import type { FailureAnnouncement } from "../contract/handler.js";
 import {
   type AckKeyedRow,
   completeStatements,
@@ -55,6 +56,8 @@ export interface PgLeaseStoreOptions {
   preparedStatements: boolean;
   /** Bound on every round trip. */
   queryTimeoutMs: number;
+  /** Queues whose dead-letter moves also publish a failure event, and where to (migration 0018). */
+  announceFailures?: ReadonlyMap<string, FailureAnnouncement>;
   /** A keyed completion made rows the heads of their keys: they can be leased now. */
   onPromoted?: (rows: number) => void;
   /** Some key heads could not be completed yet: a producer of their key is in flight (retried shortly). */
@@ -384,7 +387,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): PgLeaseStore {
     return transaction(async (client) => {
       const run = <P, R>(q: Query<P, R>, p: P) =>
         runQuery(client, q, p, { prepared, timeoutMs: options.queryTimeoutMs });
-      const [row] = await run(sql.deadKeyed, deadParams(ws));
+      const [row] = await deadMove(run, ws, true);
       const busy = new Set(row?.busy ?? []);
       const keys = row?.keys ?? null;
       if (!row || row.head_keys.length === 0) return { keys, busy, next: [] };
@@ -398,6 +401,28 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): PgLeaseStore {
     ids: plainArray(ds.map((d) => d.id)),
     tokens: plainArray(ds.map((d) => d.token)),
   });
+  /**
+   * The move, announcing the failures of queues configured so in the same statement; a batch with no such
+   * queue runs the plain move (no announcement arrays, no extra work).
+   */
+  const deadMove = (
+    run: <P, R>(q: Query<P, R>, p: P) => Promise<R[]>,
+    ws: readonly DeadWrite[],
+    keyed: boolean,
+  ) => {
+    const announce = options.announceFailures;
+    const targets =
+      announce && announce.size > 0
+        ? ws.map((w) => (w.held.queue === undefined ? undefined : announce.get(w.held.queue)))
+        : [];
+    if (!targets.some((t) => t !== undefined)) return run(keyed ? sql.deadKeyed : sql.dead, deadParams(ws));
+    return run(sql.deadAnnounced, {
+      ...deadParams(ws),
+      announceQueues: targets.map((t) => (t && "queue" in t ? t.queue : null)),
+      announceTopics: targets.map((t) => (t && "topic" in t ? t.topic : null)),
+      channel: options.names.channel,
+    });
+  };
   const deadParams = (ws: readonly DeadWrite[]) => ({
     ...pairs(held(ws)),
     reasons: ws.map((w) => w.reason),
@@ -606,7 +631,7 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): PgLeaseStore {
     async deadLetter(unsorted: readonly DeadWrite[], handOff = 0) {
       const writes = byId(unsorted);
       if (writes.some((w) => w.held.key !== null)) return completeKeyed(writes, handOff, deadRound);
-      const [row] = await query(sql.dead, deadParams(writes));
+      const [row] = await deadMove((q, p) => query(q, p), writes, false);
       // Null keys: every delivery was moved.
       return row?.keys ? landedByKey(new Set(row.keys), key) : allLanded(writes.length);
     },

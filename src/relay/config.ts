@@ -1,6 +1,7 @@
 import { z } from "zod";
 import { OutboxConfigError } from "../contract/errors.js";
-import { validateTopicPattern } from "../contract/topic.js";
+import { validateQueueName } from "../contract/queue.js";
+import { validateTopicName, validateTopicPattern } from "../contract/topic.js";
 import { signingKey } from "../wire/webhook-signature.js";
 
 /** Where a relay's target names may say `{queue}`: replaced by the message's queue name. */
@@ -32,6 +33,29 @@ const subscribe = z
   .optional()
   .describe(
     "topic names or patterns (`order.*`) the relay's queue subscribes to at start; removing one does not unsubscribe",
+  );
+
+// The relay's queue announces its failures like a handler queue's `announceFailures` (the worker refuses
+// the relay's own queue as a target, naming the field).
+const nameOf = (check: (name: string) => unknown) =>
+  z.string().superRefine((name, ctx) => {
+    try {
+      check(name);
+    } catch (error) {
+      ctx.addIssue({ code: "custom", message: (error as OutboxConfigError).reason });
+    }
+  });
+const announceFailures = z
+  .union(
+    [
+      z.strictObject({ queue: nameOf(validateQueueName) }),
+      z.strictObject({ topic: nameOf(validateTopicName) }),
+    ],
+    { error: 'must be {"queue": name} or {"topic": name}' },
+  )
+  .optional()
+  .describe(
+    '`{"queue": name}` or `{"topic": name}`: each dead-lettered message also publishes a failure event there, in the same transaction',
   );
 
 // Every relay sends CloudEvents 1.0 (see src/relay/cloudevents.ts); these name them.
@@ -87,6 +111,7 @@ export const httpRelayConfigSchema = z.strictObject({
   timeoutMs: timeoutMs(10_000).describe("per request; a timeout is retried"),
   ordered,
   subscribe,
+  announceFailures,
   eventSource,
   eventType,
   /** Static headers sent with every request; they cannot override the relay's own headers. */
@@ -124,6 +149,7 @@ export const redisRelayConfigSchema = z.strictObject({
   timeoutMs: timeoutMs(5000).describe("connect and per-command timeout; a timeout is retried"),
   ordered,
   subscribe,
+  announceFailures,
   eventSource,
   eventType,
 });
@@ -149,6 +175,7 @@ export const natsRelayConfigSchema = z.strictObject({
   timeoutMs: timeoutMs(5000).describe("connect and per-publish timeout (waiting for the stream's ack)"),
   ordered,
   subscribe,
+  announceFailures,
   eventSource,
   eventType,
 });
@@ -179,6 +206,7 @@ export const rabbitmqRelayConfigSchema = z.strictObject({
   timeoutMs: timeoutMs(10_000).describe("connect and per-publish timeout (waiting for the broker's confirm)"),
   ordered,
   subscribe,
+  announceFailures,
   eventSource,
   eventType,
 });

@@ -29,6 +29,9 @@ const schemas = {
 function typeOf(schema: JsonSchema): string {
   if (schema.enum !== undefined) return schema.enum.map((v) => JSON.stringify(v)).join(" or ");
   if (schema.anyOf !== undefined) return schema.anyOf.map(typeOf).join(" or ");
+  if (schema.type === "object" && schema.properties !== undefined) {
+    return `{ ${Object.keys(schema.properties).join(", ")} }`;
+  }
   if (schema.type === "array") return `${typeOf(schema.items ?? {})}[]`;
   if (schema.type === "object" && typeof schema.additionalProperties === "object") {
     return `{ name: ${typeOf(schema.additionalProperties)} }`;

@@ -541,6 +541,14 @@ export function crossFieldProblems(config: ServiceConfig): string[] {
       `console.readToken (OUTBOX_CONSOLE_READ_TOKEN): required when the console is on and http.host (OUTBOX_HTTP_HOST) is ${JSON.stringify(config.http.host)}, not a loopback address: without it anyone who reaches the port reads every payload and dead letter`,
     );
   }
+  for (const [queue, relay] of Object.entries(config.relays)) {
+    // A relay whose failure events went to its own queue would relay, fail and announce them for ever.
+    const target = relay.announceFailures;
+    if (target && "queue" in target && target.queue === queue)
+      problems.push(
+        `relays.${queue}.announceFailures.queue: must not be the relay's own queue: its failures would announce themselves`,
+      );
+  }
   return problems;
 }
 

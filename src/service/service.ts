@@ -156,6 +156,7 @@ export async function startService(config: ServiceConfig, log: Logger): Promise<
           rawPayload: true,
           ordered: relayConfig.ordered,
           subscribe: relayConfig.subscribe,
+          announceFailures: relayConfig.announceFailures,
         },
         config.subscriptions[queue],
       );

@@ -92,6 +92,12 @@ export interface CompleteStatements {
    * dead_letters; answers as `deadKeyed` (no delivery is ever busy, no head removed).
    */
   dead: Query<DeadParams, KeyedRow>;
+  /**
+   * `dead` (or `deadKeyed`: same answer, same key locks) for a batch some of whose queues announce their
+   * failures: the same move, and in the same statement a failure event for each delivery it moved whose
+   * `announceQueues[i]` or `announceTopics[i]` is set (`dead_letter_announced`, migration 0018).
+   */
+  deadAnnounced: Query<DeadParams & AnnounceParams, KeyedRow>;
   /** Gives unstarted rows back (graceful stop) without counting a delivery → keys. */
   release: Query<DeliveryParams, KeyRow>;
   /** → keys of the leases still held, extended by `leaseTtlMs` from now. */
@@ -132,6 +138,16 @@ export type DeadParams = DeliveryParams & {
   failed: number[];
   maxErrorLength: number;
 };
+
+/**
+ * Where each delivery's failure is announced, parallel to its ids: a queue, or a topic (fanned out to its
+ * subscribers), or neither (null, null); `channel` wakes the queues that got an event.
+ */
+export interface AnnounceParams {
+  announceQueues: (string | null)[];
+  announceTopics: (string | null)[];
+  channel: string;
+}
 
 export interface PromoteParams {
   queues: string[];
@@ -413,6 +429,12 @@ RETURNING t.id::text || '/' || d.token::text AS key`,
       (p) => [p.ids, p.tokens, p.delaysMs, p.errors, p.failed, p.maxErrorLength],
     ),
     dead: defineQuery("dead", deadLetter, deadValues),
+    // Only batches with an announcing queue run it: the others keep dead_letter() and pay nothing.
+    deadAnnounced: defineQuery(
+      "dead_announced",
+      `SELECT * FROM ${names.quotedSchema}.dead_letter_announced($1::bigint[], $2::uuid[], $3::text[], $4::text[], $5::int[], $6::int[], $7::int, $8::boolean, $9::text[], $10::text[], $11::text)`,
+      (p) => [...deadValues(p), p.announceQueues, p.announceTopics, p.channel],
+    ),
     release: defineQuery(
       "release",
       `${withSettings(settings, false)}UPDATE ${m} AS t

@@ -19,7 +19,8 @@ import { outboxNames, quoteLiteral } from "./names.js";
  * - worker: lease, ack, retry, release, renew (messages SELECT, DELETE, and UPDATE of the lease and
  *   bookkeeping columns only: it cannot rewrite a payload, queue, key or headers), the dead-letter move
  *   through dead_letter (SECURITY DEFINER: it takes the content from the row the worker holds; the worker
- *   only reads dead_letters, so it cannot forge one), EXECUTE on ack_keyed/ack_key_heads/promote_heads/
+ *   only reads dead_letters, so it cannot forge one) or dead_letter_announced (the same move, and a failure
+ *   event built from the dead letter for a queue with announceFailures), EXECUTE on ack_keyed/ack_key_heads/promote_heads/
  *   promote_heads_after, schema_migrations SELECT for the version check, `leases` for status. No INSERT, no
  *   DDL, no TRUNCATE. With expire: EXECUTE on expire_dead_letters (SECURITY DEFINER), for the service's
  *   dead-letter retention; no DELETE. With follow-up: INSERT of the producer's columns, for
@@ -158,6 +159,9 @@ export const WORKER_FUNCTIONS = [
   "promote_heads_after(text[], text[], bigint[], integer, uuid, double precision, text)",
   // The dead-letter move (migration 0015), as the schema's owner: the row's own content, never the worker's.
   "dead_letter(bigint[], uuid[], text[], text[], integer[], integer[], integer, boolean)",
+  // The same move publishing a failure event for queues with `announceFailures` (migration 0018), as the
+  // owner: the event is built from the dead letter; the worker names only where it goes.
+  "dead_letter_announced(bigint[], uuid[], text[], text[], integer[], integer[], integer, boolean, text[], text[], text)",
   // The replay preview (`dead-letters replay --dry-run`, the console's) asks where kept topic events would
   // go: queue names only, which the worker reads in every message anyway.
   "topic_queues(text)",

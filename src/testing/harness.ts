@@ -113,7 +113,7 @@ function runOnce(
     last_attempt_at: message.lastAttemptAt === undefined ? earlier : message.lastAttemptAt,
   };
   const prepared = prepareDelivery(queue, row, worker);
-  if ("dead" in prepared) return Promise.resolve(deadOutcome(prepared.dead, row, worker, undefined));
+  if ("dead" in prepared) return Promise.resolve(deadOutcome(prepared.dead, queue, row, worker, undefined));
   const abort = message.abort;
   // A lease lost before the handler started: the worker never runs it.
   if (abort?.aborted) return Promise.resolve({ kind: "lost", reason: abort.reason });
@@ -211,7 +211,7 @@ function failureOutcome(
   clock: Clock,
 ): TestOutcome {
   const { outcome, problem } = decideFailure(queue, row, error, worker);
-  if (outcome.kind === "dead") return deadOutcome(outcome, row, worker, problem);
+  if (outcome.kind === "dead") return deadOutcome(outcome, queue, row, worker, problem);
   return {
     kind: "retried",
     delayMs: outcome.delayMs,
@@ -229,6 +229,7 @@ function failureOutcome(
 /** The dead letter the worker's move writes (src/sql/complete.ts): counters plus what this delivery added. */
 function deadOutcome(
   dead: { reason: string; error: string | null; attempted: 0 | 1; failed: 0 | 1 },
+  queue: ResolvedQueue,
   row: DecisionRow,
   worker: ResolvedOptions,
   problem: string | undefined,
@@ -239,6 +240,7 @@ function deadOutcome(
     error: dead.error === null ? null : left(dead.error, worker.maxErrorLength),
     attempts: row.attempts_count + dead.attempted,
     failures: row.failures_count + dead.failed,
+    ...(queue.announceFailures === undefined ? {} : { announced: queue.announceFailures }),
     ...(problem === undefined ? {} : { strategyProblem: problem }),
   };
 }

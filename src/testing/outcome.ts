@@ -1,3 +1,4 @@
+import type { FailureAnnouncement } from "../contract/handler.js";
 /**
  * What the worker would write for one delivery, as the handler test harness reports it. The counters are
  * the row's after the write (messages for a retry, dead_letters for a dead letter).
@@ -67,6 +68,11 @@ export interface DeadOutcome {
   attempts: number;
   /** The dead letter's failures_count. */
   failures: number;
+  /**
+   * Where the move also publishes a failure event, in its transaction: the queue's `announceFailures`
+   * (absent when it has none).
+   */
+  announced?: FailureAnnouncement;
   /** Set when the retry strategy threw or returned garbage and the default backoff was used. */
   strategyProblem?: string;
 }

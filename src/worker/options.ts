@@ -3,10 +3,16 @@ import pg from "pg";
 import type { Logger } from "pino";
 import { z } from "zod";
 import { OutboxConfigError } from "../contract/errors.js";
-import type { Handler, QueueConfig, ResolvedQueue, TransactionalHandler } from "../contract/handler.js";
+import type {
+  FailureAnnouncement,
+  Handler,
+  QueueConfig,
+  ResolvedQueue,
+  TransactionalHandler,
+} from "../contract/handler.js";
 import { type QueueDefinition, validateQueueName } from "../contract/queue.js";
 import type { RetryStrategy } from "../contract/retry.js";
-import { validateTopicPattern } from "../contract/topic.js";
+import { topicMatches, validateTopicName, validateTopicPattern } from "../contract/topic.js";
 import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
 
 const positiveMs = (max: number) => z.number().int().positive().max(max);
@@ -93,6 +99,9 @@ const queueConfigSchema = z.strictObject({
   ordered: z.boolean().optional(),
   subscribe: z.array(z.string(), "must be an array of topic names or patterns").readonly().optional(),
   transaction: z.boolean().optional(),
+  // Checked in the options' superRefine: a problem here would surface as the queue's "Invalid input" (the
+  // entry is a union of a handler and this object), without the field's name.
+  announceFailures: z.custom<FailureAnnouncement>(() => true).optional(),
 });
 
 const optionsSchema = z
@@ -154,6 +163,9 @@ const optionsSchema = z
           }
         });
       }
+      if (typeof def === "object" && def.announceFailures !== undefined)
+        for (const issue of announceIssues(name, def.announceFailures, def.subscribe ?? []))
+          ctx.addIssue({ code: "custom", ...issue });
       if (typeof def === "object" && def.rawPayload && def.schema) {
         ctx.addIssue({
           code: "custom",
@@ -164,6 +176,44 @@ const optionsSchema = z
     }
     for (const issue of tuningIssues(o)) ctx.addIssue({ code: "custom", ...issue });
   });
+
+/**
+ * A queue's `announceFailures`: a valid queue or topic name, and never the queue itself (nor a topic it
+ * subscribes to): a failure event that fails in turn would announce itself again, for ever.
+ */
+function announceIssues(queue: string, target: unknown, subscribe: readonly string[]): TuningIssue[] {
+  const path = ["queues", queue, "announceFailures"];
+  const keys = typeof target === "object" && target !== null ? Object.keys(target) : [];
+  if (keys.length !== 1 || (keys[0] !== "queue" && keys[0] !== "topic"))
+    return [{ path, message: 'must be { queue: "name" } or { topic: "name" }' }];
+  try {
+    if ("queue" in (target as object)) {
+      const t = target as { queue: unknown };
+      validateQueueName(t.queue, "queue");
+      if (t.queue === queue)
+        return [
+          {
+            path: [...path, "queue"],
+            message: "must not be the queue itself: its failures would announce themselves",
+          },
+        ];
+    } else {
+      const topic = validateTopicName((target as { topic: unknown }).topic, "topic");
+      const own = subscribe.find((pattern) => topicMatches(pattern, topic));
+      if (own !== undefined)
+        return [
+          {
+            path: [...path, "topic"],
+            message: `must not be a topic this queue subscribes to (${JSON.stringify(own)}): its failures would announce themselves`,
+          },
+        ];
+    }
+  } catch (error) {
+    const e = error as OutboxConfigError;
+    return [{ path: [...path, e.field], message: e.reason }];
+  }
+  return [];
+}
 
 /**
  * Options of {@link createWorker}: `connection` (a connection string or a `pg.Pool`) and `queues` (queue
@@ -250,6 +300,7 @@ export function resolveWorkerOptions(input: WorkerOptions): ResolvedOptions {
       rawPayload: ("rawPayload" in config ? config.rawPayload : undefined) ?? false,
       ordered: ("ordered" in config ? config.ordered : undefined) ?? true,
       transaction: ("transaction" in config ? config.transaction : undefined) ?? false,
+      announceFailures: "announceFailures" in config ? config.announceFailures : undefined,
     });
   }
   return {

@@ -93,6 +93,9 @@ export function createWorker(input: WorkerOptions): Worker {
     names,
     queues: queueNames,
     unorderedQueues: unorderedQueueNames,
+    announceFailures: new Map(
+      [...options.queues.values()].flatMap((q) => (q.announceFailures ? [[q.name, q.announceFailures]] : [])),
+    ),
     workerId: options.workerId,
     leaseTtlMs: options.leaseTtlMs,
     maxErrorLength: options.maxErrorLength,
