@@ -51,6 +51,7 @@ describe("migrate", () => {
       { version: 13, name: "0013_unrouted_index" },
       { version: 14, name: "0014_fan_out_cached_plans" },
       { version: 15, name: "0015_narrow_roles" },
+      { version: 16, name: "0016_inbox" },
     ]);
     const idx = await db.pool.query("SELECT indexname FROM pg_indexes WHERE schemaname = $1 ORDER BY 1", [
       db.schema,

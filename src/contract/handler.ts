@@ -1,5 +1,6 @@
 import type { z } from "zod";
 import type { FollowUp } from "./follow-up.js";
+import type { InboxOptions, ResolvedInbox } from "./inbox.js";
 import type { PublishOptions } from "./publish-options.js";
 import type { QueueDefinition } from "./queue.js";
 import type { RetryStrategy } from "./retry.js";
@@ -82,6 +83,13 @@ export interface QueueConfig<P = unknown> {
    * right to change subscriptions (`outbox-worker grant --worker-can-subscribe`).
    */
   subscribe?: readonly string[];
+  /**
+   * Dedupe this queue's deliveries with the worker inbox (for handlers with effects outside this database):
+   * a message whose record exists is acked without running the handler (outcome `deduped`); after the
+   * handler succeeds, the record is committed before the ack. `true`: consumer = the queue's name, key =
+   * the message id. See {@link InboxOptions} and the README's "An inbox for handlers with outside effects".
+   */
+  inbox?: boolean | InboxOptions<P>;
 }
 
 /** A queue's {@link QueueConfig} with every default filled in, as the dispatcher uses it. */
@@ -94,4 +102,6 @@ export interface ResolvedQueue {
   timeoutMs: number;
   rawPayload: boolean;
   ordered: boolean;
+  /** Undefined when the queue has no inbox. */
+  inbox: ResolvedInbox | undefined;
 }

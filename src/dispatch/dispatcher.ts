@@ -5,6 +5,8 @@
  */
 
 import type { MessageContext, ResolvedQueue } from "../contract/handler.js";
+import { TransientError } from "../contract/handler-errors.js";
+import { type InboxRecord, type InboxStore, MAX_INBOX_KEY_LENGTH } from "../contract/inbox.js";
 import type { PublishOptions } from "../contract/publish-options.js";
 import type { QueueDefinition } from "../contract/queue.js";
 import { TOPIC_HEADER } from "../contract/topic.js";
@@ -32,6 +34,8 @@ export interface DispatcherDeps {
   retry: RetryStrategy | undefined;
   maxErrorLength: number;
   submit(outcome: Outcome): void;
+  /** The inbox of queues configured with one; undefined when no queue has one (nothing is asked). */
+  inbox?: Pick<InboxStore, "seen">;
   dispatched(held: HeldRow): void;
   /** A retry strategy returned something unusable; the default was used instead. */
   strategyProblem(held: HeldRow, problem: string): void;
@@ -238,6 +242,16 @@ export class Dispatcher {
     if ("dead" in prepared) return { ...prepared.dead, held };
     const { payload } = prepared;
 
+    let inbox: InboxRecord | undefined;
+    if (queue.inbox && this.deps.inbox) {
+      // Checked as late as possible, just before the handler would start: a record committed by an earlier
+      // delivery any time before now is found. A delivery running at the same time is not (the lease and
+      // its heartbeat keep that from happening; the README says what is left).
+      const checked = await this.#checkInbox(held, queue, payload);
+      if (checked.outcome) return checked.outcome;
+      inbox = checked.record;
+    }
+
     if (!startRunning(held, performance.now())) return undefined;
     const running: Running = {
       deadline: held.startedAt + queue.timeoutMs,
@@ -268,6 +282,8 @@ export class Dispatcher {
         followUps && followUps.length > 0
           ? { kind: "ack", held, durationMs: performance.now() - held.startedAt, followUps }
           : { kind: "ack", held, durationMs: performance.now() - held.startedAt };
+      // The completer commits the record before the ack (a lost ack then still leaves the record).
+      if (inbox) ack.inbox = inbox;
       if (span) endProcessSpan(span, { kind: "ack" });
       return ack;
     } catch (error) {
@@ -281,6 +297,42 @@ export class Dispatcher {
       const ms = performance.now() - held.startedAt;
       this.#handlerMs = this.#handlerMs === undefined ? ms : this.#handlerMs * 0.8 + ms * 0.2;
     }
+  }
+
+  /**
+   * The queue's dedupe key for this delivery, and whether the inbox holds it: held, the outcome is a
+   * `deduped` ack (the handler does not run). A key function that throws, or a check the database cannot
+   * answer, fails the attempt (the latter as transient: an outage is retried, never counted).
+   */
+  async #checkInbox(
+    held: HeldRow,
+    queue: ResolvedQueue,
+    payload: unknown,
+  ): Promise<{ outcome: Outcome; record?: undefined } | { outcome?: undefined; record: InboxRecord }> {
+    const inbox = queue.inbox as NonNullable<ResolvedQueue["inbox"]>;
+    let key: string;
+    try {
+      key = inbox.key ? inboxKey(inbox.key(payload, new Context(held))) : held.row.id;
+    } catch (error) {
+      return { outcome: this.#failure(held, queue, error) };
+    }
+    const record: InboxRecord = { consumer: inbox.consumer, key, id: held.row.id, queue: held.row.queue };
+    let seen: boolean;
+    try {
+      seen = await (this.deps.inbox as Pick<InboxStore, "seen">).seen(record);
+    } catch (error) {
+      return {
+        outcome: this.#failure(
+          held,
+          queue,
+          new TransientError(`inbox check failed: ${(error as Error)?.message ?? String(error)}`, {
+            cause: error,
+          }),
+        ),
+      };
+    }
+    if (seen) return { outcome: { kind: "ack", held, durationMs: 0, inbox: record, deduped: true } };
+    return { record };
   }
 
   #failure(held: HeldRow, queue: ResolvedQueue, error: unknown): Outcome {
@@ -302,6 +354,16 @@ function endSpan(span: ProcessSpan, outcome: Outcome, error: unknown): void {
         : undefined,
     error,
   );
+}
+
+/** A key function's answer, if it is usable as a dedupe key; throws (failing the attempt) if not. */
+function inboxKey(key: unknown): string {
+  if (typeof key !== "string" || key.length === 0 || key.length > MAX_INBOX_KEY_LENGTH || key.includes("\0")) {
+    throw new TypeError(
+      `inbox.key must return a non-empty string of at most ${MAX_INBOX_KEY_LENGTH} characters without NUL, got ${typeof key === "string" ? `a string of ${key.length}` : typeof key}`,
+    );
+  }
+  return key;
 }
 
 function isThenable(value: unknown): value is PromiseLike<unknown> {

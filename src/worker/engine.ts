@@ -4,6 +4,7 @@ import { Heartbeat } from "../complete/heartbeat.js";
 import { Dispatcher } from "../dispatch/dispatcher.js";
 import { LocalQueue } from "../dispatch/local-queue.js";
 import { Fetcher } from "../fetch/fetcher.js";
+import type { InboxStore } from "../contract/inbox.js";
 import { type HeldRow, heldRows, isLive, lose, settle } from "../lease/held.js";
 import type { LeaseStore } from "../lease/store.js";
 import type { LeasePhase, WorkerEmitter } from "./events.js";
@@ -28,6 +29,8 @@ export interface EngineDeps {
   log: Logger;
   emitter: WorkerEmitter;
   health: LoopHealth;
+  /** The inbox, when a queue has one. */
+  inbox?: InboxStore;
   /** A loop gave up after `maxConsecutiveFailures`: the worker stops. */
   onFatal(error: Error): void;
 }
@@ -112,6 +115,7 @@ export function createEngine(deps: EngineDeps): Engine {
 
   const completer = new Completer({
     store,
+    ...(deps.inbox ? { inbox: deps.inbox } : {}),
     batchSize: options.completionBatchSize,
     windowMs: options.completionWindowMs,
     backoffBaseMs: options.loopBackoffBaseMs,
@@ -121,7 +125,11 @@ export function createEngine(deps: EngineDeps): Engine {
       health.recovered("complete");
       held.delete(o.held);
       const { id, queue: q } = o.held.row;
-      if (o.kind === "ack") {
+      if (o.kind === "ack" && o.deduped && o.inbox) {
+        const { consumer, key } = o.inbox;
+        log.debug({ id, queue: q, consumer, key }, "already handled (inbox): acked without running the handler");
+        emitter.emit("deduped", { id, queue: q, consumer, key });
+      } else if (o.kind === "ack") {
         if (emitter.hasListeners("acked")) emitter.emit("acked", { id, queue: q, durationMs: o.durationMs });
       } else if (o.kind === "retry") {
         log.debug({ id, queue: q, delayMs: o.delayMs, error: o.error }, "retry scheduled");
@@ -291,6 +299,7 @@ export function createEngine(deps: EngineDeps): Engine {
     retry: options.retry,
     maxErrorLength: options.maxErrorLength,
     submit: (o) => completer.submit(o),
+    ...(deps.inbox ? { inbox: deps.inbox } : {}),
     dispatched: (h) => {
       // Guarded: an event object per message is measurable at tens of thousands a second.
       if (emitter.hasListeners("dispatched")) {

@@ -4,6 +4,7 @@ import type { Logger } from "pino";
 import { z } from "zod";
 import { OutboxConfigError } from "../contract/errors.js";
 import type { Handler, QueueConfig, ResolvedQueue } from "../contract/handler.js";
+import type { InboxOptions, ResolvedInbox } from "../contract/inbox.js";
 import { type QueueDefinition, validateQueueName } from "../contract/queue.js";
 import type { RetryStrategy } from "../contract/retry.js";
 import { validateTopicPattern } from "../contract/topic.js";
@@ -45,6 +46,14 @@ export const workerTuningShape = {
   stopTimeoutMs: z.number().int().min(0).max(3_600_000).default(30_000),
   keyHeadRepairIntervalMs: z.number().int().min(1000).max(86_400_000).default(60_000),
   maxErrorLength: z.number().int().min(100).max(1_000_000).default(4000),
+  // How long a queue's inbox records are kept (only queues with `inbox` have any): a redelivery later
+  // than this runs its handler again. From a minute to ten years; default 7 days.
+  inboxRetentionMs: z
+    .number()
+    .int()
+    .min(60_000, "must be at least 60000 (a minute)")
+    .max(315_360_000_000, "must be at most 315360000000 (ten years)")
+    .default(7 * 86_400_000),
 };
 
 export const workerTuningSchema = z.strictObject(workerTuningShape);
@@ -75,6 +84,13 @@ export function tuningIssues(o: WorkerTuning): TuningIssue[] {
       message: `must not exceed maxPollIntervalMs (${o.maxPollIntervalMs}), got ${o.minPollIntervalMs}`,
     });
   }
+  // A lost ack is redelivered one lease TTL later at the earliest: records must outlive that, and more.
+  if (o.inboxRetentionMs < 2 * o.leaseTtlMs) {
+    issues.push({
+      path: ["inboxRetentionMs"],
+      message: `must be at least twice leaseTtlMs (${o.leaseTtlMs}): a redelivery after a lost ack comes a lease later, got ${o.inboxRetentionMs}`,
+    });
+  }
   if (o.loopBackoffBaseMs > o.loopBackoffMaxMs) {
     issues.push({ path: ["loopBackoffBaseMs"], message: "must not exceed loopBackoffMaxMs" });
   }
@@ -92,6 +108,24 @@ const queueConfigSchema = z.strictObject({
   rawPayload: z.boolean().optional(),
   ordered: z.boolean().optional(),
   subscribe: z.array(z.string(), "must be an array of topic names or patterns").readonly().optional(),
+  inbox: z
+    .union(
+      [
+        z.boolean(),
+        z.strictObject({
+          consumer: z
+            .string("must be a string")
+            .min(1, "must be a non-empty string")
+            .max(200, "must be at most 200 characters")
+            .optional(),
+          key: z
+            .custom<InboxOptions["key"]>((v) => typeof v === "function", "must be a function (payload, message) => string")
+            .optional(),
+        }),
+      ],
+      "must be true, false or { consumer?, key? }",
+    )
+    .optional(),
 });
 
 const optionsSchema = z
@@ -248,6 +282,7 @@ export function resolveWorkerOptions(input: WorkerOptions): ResolvedOptions {
       timeoutMs: ("timeoutMs" in config ? config.timeoutMs : undefined) ?? o.handlerTimeoutMs,
       rawPayload: ("rawPayload" in config ? config.rawPayload : undefined) ?? false,
       ordered: ("ordered" in config ? config.ordered : undefined) ?? true,
+      inbox: resolveInbox(name, "inbox" in config ? config.inbox : undefined),
     });
   }
   return {
@@ -260,6 +295,13 @@ export function resolveWorkerOptions(input: WorkerOptions): ResolvedOptions {
   };
 }
 
+/** A queue's `inbox` option with its defaults: consumer = the queue's name, key = the message id. */
+function resolveInbox(queue: string, inbox: boolean | InboxOptions | undefined): ResolvedInbox | undefined {
+  if (inbox === undefined || inbox === false) return undefined;
+  if (inbox === true) return { consumer: queue, key: undefined };
+  return { consumer: inbox.consumer ?? queue, key: inbox.key };
+}
+
 /**
  * A queue's handler typed by its definition: the worker validates payloads with the same zod schema the
  * producer used, and the handler receives the schema's output type.
@@ -269,5 +311,10 @@ export function handle<I, O>(
   handler: Handler<O>,
   options: Omit<QueueConfig<O>, "handler" | "schema" | "rawPayload"> = {},
 ): QueueConfig {
-  return { ...options, handler: handler as Handler, schema: queue.schema as z.ZodType | undefined };
+  return {
+    ...options,
+    handler: handler as Handler,
+    schema: queue.schema as z.ZodType | undefined,
+    inbox: options.inbox as QueueConfig["inbox"],
+  };
 }
