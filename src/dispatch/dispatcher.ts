@@ -358,7 +358,12 @@ function endSpan(span: ProcessSpan, outcome: Outcome, error: unknown): void {
 
 /** A key function's answer, if it is usable as a dedupe key; throws (failing the attempt) if not. */
 function inboxKey(key: unknown): string {
-  if (typeof key !== "string" || key.length === 0 || key.length > MAX_INBOX_KEY_LENGTH || key.includes("\0")) {
+  if (
+    typeof key !== "string" ||
+    key.length === 0 ||
+    key.length > MAX_INBOX_KEY_LENGTH ||
+    key.includes("\0")
+  ) {
     throw new TypeError(
       `inbox.key must return a non-empty string of at most ${MAX_INBOX_KEY_LENGTH} characters without NUL, got ${typeof key === "string" ? `a string of ${key.length}` : typeof key}`,
     );

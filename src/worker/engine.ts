@@ -1,10 +1,10 @@
 import type { Logger } from "pino";
 import { Completer, type Outcome } from "../complete/completer.js";
 import { Heartbeat } from "../complete/heartbeat.js";
+import type { InboxStore } from "../contract/inbox.js";
 import { Dispatcher } from "../dispatch/dispatcher.js";
 import { LocalQueue } from "../dispatch/local-queue.js";
 import { Fetcher } from "../fetch/fetcher.js";
-import type { InboxStore } from "../contract/inbox.js";
 import { type HeldRow, heldRows, isLive, lose, settle } from "../lease/held.js";
 import type { LeaseStore } from "../lease/store.js";
 import type { LeasePhase, WorkerEmitter } from "./events.js";
@@ -127,7 +127,10 @@ export function createEngine(deps: EngineDeps): Engine {
       const { id, queue: q } = o.held.row;
       if (o.kind === "ack" && o.deduped && o.inbox) {
         const { consumer, key } = o.inbox;
-        log.debug({ id, queue: q, consumer, key }, "already handled (inbox): acked without running the handler");
+        log.debug(
+          { id, queue: q, consumer, key },
+          "already handled (inbox): acked without running the handler",
+        );
         emitter.emit("deduped", { id, queue: q, consumer, key });
       } else if (o.kind === "ack") {
         if (emitter.hasListeners("acked")) emitter.emit("acked", { id, queue: q, durationMs: o.durationMs });

@@ -108,25 +108,36 @@ const queueConfigSchema = z.strictObject({
   rawPayload: z.boolean().optional(),
   ordered: z.boolean().optional(),
   subscribe: z.array(z.string(), "must be an array of topic names or patterns").readonly().optional(),
-  inbox: z
-    .union(
-      [
-        z.boolean(),
-        z.strictObject({
-          consumer: z
-            .string("must be a string")
-            .min(1, "must be a non-empty string")
-            .max(200, "must be at most 200 characters")
-            .optional(),
-          key: z
-            .custom<InboxOptions["key"]>((v) => typeof v === "function", "must be a function (payload, message) => string")
-            .optional(),
-        }),
-      ],
-      "must be true, false or { consumer?, key? }",
+  // Checked in superRefine (inboxSchema): inside the handler-or-config union, zod would only say "Invalid input".
+  inbox: z.custom<boolean | InboxOptions>(() => true).optional(),
+});
+
+const inboxObjectSchema = z.strictObject({
+  consumer: z
+    .string("must be a string")
+    .min(1, "must be a non-empty string")
+    .max(200, "must be at most 200 characters")
+    .optional(),
+  key: z
+    .custom<InboxOptions["key"]>(
+      (v) => typeof v === "function",
+      "must be a function (payload, message) => string",
     )
     .optional(),
 });
+
+/** The problems of a queue's `inbox` value, with paths below it. */
+function inboxIssues(inbox: unknown): TuningIssue[] {
+  if (typeof inbox === "boolean") return [];
+  if (typeof inbox !== "object" || inbox === null || Array.isArray(inbox)) {
+    return [{ path: [], message: "must be true, false or { consumer?, key? }" }];
+  }
+  const parsed = inboxObjectSchema.safeParse(inbox);
+  return (parsed.error?.issues ?? []).map((i) => ({
+    path: i.path.filter((p): p is string | number => typeof p !== "symbol"),
+    message: i.message,
+  }));
+}
 
 const optionsSchema = z
   .strictObject({
@@ -186,6 +197,15 @@ const optionsSchema = z
             });
           }
         });
+      }
+      if (typeof def === "object" && def.inbox !== undefined) {
+        for (const issue of inboxIssues(def.inbox)) {
+          ctx.addIssue({
+            code: "custom",
+            path: ["queues", name, "inbox", ...issue.path],
+            message: issue.message,
+          });
+        }
       }
       if (typeof def === "object" && def.rawPayload && def.schema) {
         ctx.addIssue({
@@ -282,7 +302,7 @@ export function resolveWorkerOptions(input: WorkerOptions): ResolvedOptions {
       timeoutMs: ("timeoutMs" in config ? config.timeoutMs : undefined) ?? o.handlerTimeoutMs,
       rawPayload: ("rawPayload" in config ? config.rawPayload : undefined) ?? false,
       ordered: ("ordered" in config ? config.ordered : undefined) ?? true,
-      inbox: resolveInbox(name, "inbox" in config ? config.inbox : undefined),
+      inbox: resolveInbox(name, "inbox" in config ? (config.inbox as QueueConfig["inbox"]) : undefined),
     });
   }
   return {
