@@ -29,30 +29,48 @@ afterEach(async () => {
   await Promise.all(pools.splice(0).map((p) => p.end().catch(() => {})));
 });
 
-/** Statements a pool sent, by text; and hooks that run when one matching a pattern is sent or answered. */
-class WatchedPool extends pg.Pool {
-  texts: string[] = [];
+/** Statements a pool's connections sent, by text; and hooks on the answers of some. */
+interface Watch {
+  texts: string[];
   /** Runs after a statement matching `pattern` was answered, before its caller sees the answer. */
-  after: { pattern: RegExp; run: () => void }[] = [];
+  after: { pattern: RegExp; run: () => void }[];
   /** Statements matching this fail at once (as on a broken connection). */
   refuse: RegExp | undefined;
-  // biome-ignore lint/suspicious/noExplicitAny: pg's query has many overloads; this looks at the text only.
-  override query(config: any, ...rest: any[]): any {
-    const text = typeof config === "string" ? config : String(config?.text ?? "");
-    this.texts.push(text);
-    if (this.refuse?.test(text)) return Promise.reject(new Error("refused by the test"));
-    const result = (super.query as (...args: unknown[]) => Promise<unknown>)(config, ...rest);
-    const hooks = this.after.filter((h) => h.pattern.test(text));
-    if (hooks.length === 0) return result;
-    return result.then((answer) => {
-      for (const h of hooks) h.run();
-      return answer;
-    });
-  }
 }
 
+type WatchedPool = pg.Pool & Watch;
+
+/**
+ * A pool whose every connection reports to one Watch: statements sent through `pool.query` and through a
+ * checked-out client (a transaction) alike.
+ */
 function watchedPool(url: string): WatchedPool {
-  const pool = new WatchedPool({ connectionString: url, max: 8 });
+  // Assigned below, before any connection exists.
+  let watch: Watch;
+  class WatchedClient extends pg.Client {
+    // biome-ignore lint/suspicious/noExplicitAny: pg's query has many overloads; this looks at the text only.
+    override query(config: any, ...rest: any[]): any {
+      const text = typeof config === "string" ? config : String(config?.text ?? "");
+      watch.texts.push(text);
+      if (watch.refuse?.test(text)) return Promise.reject(new Error("refused by the test"));
+      const result = (super.query as (...args: unknown[]) => Promise<unknown>)(config, ...rest);
+      const hooks = watch.after.filter((h) => h.pattern.test(text));
+      if (hooks.length === 0) return result;
+      return result.then((answer) => {
+        for (const h of hooks) h.run();
+        return answer;
+      });
+    }
+  }
+  const pool: WatchedPool = Object.assign(
+    new pg.Pool({ connectionString: url, max: 8, Client: WatchedClient }),
+    {
+      texts: [],
+      after: [],
+      refuse: undefined,
+    },
+  );
+  watch = pool;
   pool.on("error", () => {});
   pools.push(pool);
   return pool;
