@@ -52,12 +52,30 @@ function watchedPool(url: string): WatchedPool {
     override query(config: any, ...rest: any[]): any {
       const text = typeof config === "string" ? config : String(config?.text ?? "");
       watch.texts.push(text);
-      if (watch.refuse?.test(text)) return Promise.reject(new Error("refused by the test"));
-      const result = (super.query as (...args: unknown[]) => Promise<unknown>)(config, ...rest);
+      // pool.query passes a callback; a checked-out client's caller awaits the promise.
+      const callback = rest.findIndex((a) => typeof a === "function");
+      const query = super.query as (...args: unknown[]) => Promise<unknown> | undefined;
+      if (watch.refuse?.test(text)) {
+        const error = new Error("refused by the test");
+        if (callback < 0) return Promise.reject(error);
+        process.nextTick(() => rest[callback](error));
+        return undefined;
+      }
       const hooks = watch.after.filter((h) => h.pattern.test(text));
-      if (hooks.length === 0) return result;
-      return result.then((answer) => {
+      if (hooks.length === 0) return query.call(this, config, ...rest);
+      const run = () => {
         for (const h of hooks) h.run();
+      };
+      if (callback >= 0) {
+        const done = rest[callback];
+        rest[callback] = (error: unknown, answer: unknown) => {
+          if (!error) run();
+          done(error, answer);
+        };
+        return query.call(this, config, ...rest);
+      }
+      return query.call(this, config, ...rest)?.then((answer) => {
+        run();
         return answer;
       });
     }
@@ -160,7 +178,14 @@ describe("worker inbox", () => {
     });
     const aPool = watchedPool(throughProxy(db.url, proxy));
     aPool.refuse = RENEW;
-    aPool.after.push({ pattern: INBOX_INSERT, run: () => proxy.blackhole() });
+    let recorded = false;
+    aPool.after.push({
+      pattern: INBOX_INSERT,
+      run: () => {
+        recorded = true;
+        proxy.blackhole();
+      },
+    });
     await workers.start({
       connection: aPool,
       ...patient,
@@ -187,15 +212,17 @@ describe("worker inbox", () => {
       "A's lease ran out while its handler ran",
     );
     finish();
-    await until(async () => (await count(db.names.inbox)) === 1, "A's record committed after the handler");
+    await until(() => recorded, "A's record answered after the handler");
 
     const b = await workers.start({
       queues: { slow: { inbox: true, handler: async (_p, m) => void runs.push(m.id) } },
     });
     const deduped = await dedupedCounter(b);
-    await nextEvent(b, "deduped", () => true, 60_000);
-    await until(async () => (await count(db.names.messages)) === 0, "B's ack landed");
+    const events: unknown[] = [];
+    b.on("deduped", (e) => events.push(e));
+    await until(async () => (await count(db.names.messages)) === 0, "B's ack landed", 60_000);
     expect(runs).toEqual([id]);
+    expect(events).toEqual([{ id, queue: "slow", consumer: "slow", key: id }]);
     expect(await deduped()).toBe(1);
   });
 
