@@ -24,6 +24,7 @@ import {
   SUBSCRIBE_COLUMNS,
   WORKER_UPDATE_COLUMNS,
 } from "../src/sql/grants.js";
+import { inboxStatements } from "../src/sql/inbox.js";
 import { repairKeyHeadsStatement } from "../src/sql/key-heads.js";
 import { produceStatements } from "../src/sql/produce.js";
 import { listSubscriptions, subscribe, subscribersOf, unsubscribe } from "../src/subscribe/subscriptions.js";
@@ -210,6 +211,9 @@ describe("outbox-worker grant: what each role holds", () => {
       "promote_heads_after: EXECUTE",
       "dead_letter: EXECUTE",
       "topic_queues: EXECUTE",
+      "inbox: SELECT",
+      "inbox: INSERT",
+      "expire_inbox: EXECUTE",
     ];
     expect(await privilegesOf(role.worker)).toEqual([...workerRights].sort());
     expect(await privilegesOf(role.expirer)).toEqual(
@@ -235,6 +239,7 @@ describe("outbox-worker grant: what each role holds", () => {
       ...columns("messages", INSPECTOR_SELECT_COLUMNS, "SELECT"),
       "subscriptions: SELECT",
       "topic_queues: EXECUTE",
+      "inbox: SELECT",
     ];
     expect(await privilegesOf(role.inspector)).toEqual([...inspectorRights].sort());
     expect(await privilegesOf(role.repairer)).toEqual(
@@ -265,6 +270,7 @@ describe("outbox-worker grant: what each role holds", () => {
     expect(definers.map((f) => f.proname)).toEqual([
       "dead_letter",
       "expire_dead_letters",
+      "expire_inbox",
       "fan_out",
       "route_unrouted",
       "topic_queues",
@@ -1289,6 +1295,34 @@ describe("every right is needed", () => {
       right: `EXECUTE ON ${fn("topic_queues(text)")}`,
       of: role.worker,
       op: () => replayDeadLetters(worker, schema, { all: true }, { dryRun: true }),
+    },
+    // The worker inbox (migration 0016): the check, the record, and the retention's batch.
+    {
+      right: `SELECT ON ${names.inbox}`,
+      of: role.worker,
+      op: () => runQuery(worker, inboxStatements(names, settings).seen, { consumers: ["c"], keys: ["k"] }),
+    },
+    {
+      right: `INSERT ON ${names.inbox}`,
+      of: role.worker,
+      op: () =>
+        runQuery(worker, inboxStatements(names, settings).record, {
+          consumers: [`grt-${randomUUID()}`],
+          keys: ["k"],
+          ids: ["1"],
+          queues: ["n.q"],
+        }),
+    },
+    {
+      right: `EXECUTE ON ${fn("expire_inbox(double precision, integer)")}`,
+      of: role.worker,
+      op: () =>
+        runQuery(worker, inboxStatements(names, settings).expire, { olderThanMs: 3_600_000, limit: 1 }),
+    },
+    {
+      right: `SELECT ON ${names.inbox}`,
+      of: role.inspector,
+      op: () => inspector.query(`SELECT consumer, dedupe_key, handled_at FROM ${names.inbox} LIMIT 1`),
     },
     ...SUBSCRIBE_COLUMNS.flatMap((c) => [
       { right: `INSERT (${c}) ON ${names.subscriptions}`, of: role.subscriber, op: subscribeAtStart },

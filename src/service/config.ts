@@ -237,7 +237,7 @@ const TUNING_DESCRIPTIONS: Record<keyof typeof workerTuningShape, string> = {
   loopBackoffMaxMs: "longest backoff after database failures",
   stopTimeoutMs: "how long SIGTERM waits for running handlers",
   inboxRetentionMs:
-    "how long the records of queues with an inbox are kept (a redelivery later than that runs its handler again); the worker deletes older ones in batches",
+    "how long inbox records are kept (a later redelivery runs its handler again); the worker deletes older ones",
   keyHeadRepairIntervalMs:
     "how often keys whose head was deleted outside the worker (by hand, by an older worker) get their next message as head",
   maxErrorLength: "longest error text kept in last_error and dead letters",
