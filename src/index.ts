@@ -3,6 +3,7 @@ export type { FollowUp } from "./contract/follow-up.js";
 export { followUp } from "./contract/follow-up.js";
 export type { Handler, HandlerResult, MessageContext, QueueConfig } from "./contract/handler.js";
 export { PermanentError, TransientError } from "./contract/handler-errors.js";
+export type { InboxOptions } from "./contract/inbox.js";
 export type { QueueDefinition } from "./contract/queue.js";
 export type { RetryContext, RetryDecision, RetryStrategy } from "./contract/retry.js";
 export type { TopicDefinition } from "./contract/topic.js";
