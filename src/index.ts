@@ -13,6 +13,7 @@ export type {
   TransactionContext,
 } from "./contract/handler.js";
 export { PermanentError, TransientError } from "./contract/handler-errors.js";
+export type { InboxOptions } from "./contract/inbox.js";
 export type { QueueDefinition } from "./contract/queue.js";
 export type { RetryContext, RetryDecision, RetryStrategy } from "./contract/retry.js";
 export type { TopicDefinition } from "./contract/topic.js";

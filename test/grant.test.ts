@@ -25,6 +25,7 @@ import {
   SUBSCRIBE_COLUMNS,
   WORKER_UPDATE_COLUMNS,
 } from "../src/sql/grants.js";
+import { inboxStatements } from "../src/sql/inbox.js";
 import { repairKeyHeadsStatement } from "../src/sql/key-heads.js";
 import { produceStatements } from "../src/sql/produce.js";
 import { listSubscriptions, subscribe, subscribersOf, unsubscribe } from "../src/subscribe/subscriptions.js";
@@ -217,6 +218,9 @@ describe("outbox-worker grant: what each role holds", () => {
       "dead_letter: EXECUTE",
       "dead_letter_announced: EXECUTE",
       "topic_queues: EXECUTE",
+      "inbox: SELECT",
+      "inbox: INSERT",
+      "expire_inbox: EXECUTE",
     ];
     expect(await privilegesOf(role.worker)).toEqual([...workerRights].sort());
     expect(await privilegesOf(role.expirer)).toEqual(
@@ -242,6 +246,7 @@ describe("outbox-worker grant: what each role holds", () => {
       ...columns("messages", INSPECTOR_SELECT_COLUMNS, "SELECT"),
       "subscriptions: SELECT",
       "topic_queues: EXECUTE",
+      "inbox: SELECT",
     ];
     expect(await privilegesOf(role.inspector)).toEqual([...inspectorRights].sort());
     expect(await privilegesOf(role.repairer)).toEqual(
@@ -274,6 +279,7 @@ describe("outbox-worker grant: what each role holds", () => {
       "dead_letter",
       "dead_letter_announced",
       "expire_dead_letters",
+      "expire_inbox",
       "fan_out",
       "route_unrouted",
       "topic_queues",
@@ -466,6 +472,14 @@ describe("upgrading to the narrower rights (migration 0015)", () => {
       expect(await may("has_table_privilege($1, $2, 'SELECT')", i, `${s}.leases`)).toBe(true);
       expect(await may("has_table_privilege($1, $2, 'SELECT')", i, `${s}.schema_migrations`)).toBe(true);
       expect(await may("has_table_privilege($1, $2, 'SELECT')", role.producer, `${s}.leases`)).toBe(false);
+      // The worker inbox (0016): to roles that may ack, its reading to roles that may read dead letters.
+      const expireInbox = `${s}.expire_inbox(double precision, integer)`;
+      expect(await may("has_table_privilege($1, $2, 'INSERT')", w, `${s}.inbox`)).toBe(true);
+      expect(await may("has_function_privilege($1, $2, 'EXECUTE')", w, expireInbox)).toBe(true);
+      expect(await may("has_table_privilege($1, $2, 'SELECT')", i, `${s}.inbox`)).toBe(true);
+      expect(await may("has_table_privilege($1, $2, 'INSERT')", i, `${s}.inbox`)).toBe(false);
+      expect(await may("has_table_privilege($1, $2, 'SELECT')", role.producer, `${s}.inbox`)).toBe(false);
+      expect(await may("has_function_privilege($1, $2, 'EXECUTE')", role.producer, expireInbox)).toBe(false);
       // The old rights stay until grant runs again.
       expect(await may("has_column_privilege($1, $2, 'payload', 'UPDATE')", w, `${s}.messages`)).toBe(true);
       const owner = { PATH: process.env.PATH, DATABASE_URL: db.url };
@@ -1469,6 +1483,34 @@ describe("every right is needed", () => {
       right: `EXECUTE ON ${fn("topic_queues(text)")}`,
       of: role.worker,
       op: () => replayDeadLetters(worker, schema, { all: true }, { dryRun: true }),
+    },
+    // The worker inbox (migration 0016): the check, the record, and the retention's batch.
+    {
+      right: `SELECT ON ${names.inbox}`,
+      of: role.worker,
+      op: () => runQuery(worker, inboxStatements(names, settings).seen, { consumers: ["c"], keys: ["k"] }),
+    },
+    {
+      right: `INSERT ON ${names.inbox}`,
+      of: role.worker,
+      op: () =>
+        runQuery(worker, inboxStatements(names, settings).record, {
+          consumers: [`grt-${randomUUID()}`],
+          keys: ["k"],
+          ids: ["1"],
+          queues: ["n.q"],
+        }),
+    },
+    {
+      right: `EXECUTE ON ${fn("expire_inbox(double precision, integer)")}`,
+      of: role.worker,
+      op: () =>
+        runQuery(worker, inboxStatements(names, settings).expire, { olderThanMs: 3_600_000, limit: 1 }),
+    },
+    {
+      right: `SELECT ON ${names.inbox}`,
+      of: role.inspector,
+      op: () => inspector.query(`SELECT consumer, dedupe_key, handled_at FROM ${names.inbox} LIMIT 1`),
     },
     ...SUBSCRIBE_COLUMNS.flatMap((c) => [
       { right: `INSERT (${c}) ON ${names.subscriptions}`, of: role.subscriber, op: subscribeAtStart },

@@ -51,6 +51,7 @@ describe("migrate", () => {
       { version: 13, name: "0013_unrouted_index" },
       { version: 14, name: "0014_fan_out_cached_plans" },
       { version: 15, name: "0015_narrow_roles" },
+      { version: 16, name: "0016_inbox" },
       { version: 17, name: "0017_dedupe_keys" },
       { version: 18, name: "0018_failure_announcements" },
       { version: 20, name: "0020_dedupe_keys_index" },

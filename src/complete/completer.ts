@@ -7,6 +7,7 @@
  */
 
 import { FOLLOW_UPS_REFUSED } from "../contract/follow-up.js";
+import type { InboxRecord, InboxStore } from "../contract/inbox.js";
 import { type HeldRow, settle } from "../lease/held.js";
 import type { Outcome, OutcomeOf } from "../lease/outcome.js";
 import { followUpsRefused, handedOffBy, type Landed, type Lease, type LeaseStore } from "../lease/store.js";
@@ -18,6 +19,8 @@ const SETTLED = { ack: "acked", retry: "retried", dead: "dead" } as const;
 
 export interface CompleterDeps {
   store: Pick<LeaseStore, "ack" | "retry" | "deadLetter" | "whereabouts">;
+  /** Writes the inbox records of acks whose queue has an inbox; undefined when no queue has one. */
+  inbox?: Pick<InboxStore, "record">;
   /** The outcome's write landed (the delivery is already settled). */
   landed(outcome: Outcome): void;
   lost(outcome: Outcome): void;
@@ -278,9 +281,26 @@ export class Completer {
     return new Set(missed.filter((_, i) => fates[i] === shows[kind]));
   }
 
+  /**
+   * The inbox records of the batch's acks whose handler ran, in ONE statement committed on its own, BEFORE
+   * the ack statement: in the ack's transaction, a lost ack would lose its record too, and the redelivery
+   * would run the handler again. A failure fails the batch (retried; ON CONFLICT makes the repeat harmless).
+   * Left open: a crash after the handler succeeded and before this commits runs the handler again.
+   */
+  async #recordInbox(acks: readonly OutcomeOf<"ack">[]): Promise<void> {
+    let records: InboxRecord[] | undefined;
+    for (const o of acks) {
+      if (o.inbox === undefined || o.deduped) continue;
+      records ??= [];
+      records.push(o.inbox);
+    }
+    if (records) await (this.deps.inbox as Pick<InboxStore, "record">).record(records);
+  }
+
   async #run(kind: Outcome["kind"], items: Outcome[]): Promise<Landed> {
     const { store, handOff } = this.deps;
     if (kind === "retry") return store.retry(items as OutcomeOf<"retry">[]);
+    if (kind === "ack" && this.deps.inbox) await this.#recordInbox(items as OutcomeOf<"ack">[]);
     // At most one new head per keyed delivery completed: keyless ones hand nothing on.
     const keyed = items.reduce((n, o) => (o.held.row.key === null ? n : n + 1), 0);
     const room = keyed === 0 ? 0 : (handOff?.reserve(keyed) ?? 0);

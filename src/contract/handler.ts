@@ -1,6 +1,7 @@
 import type pg from "pg";
 import type { z } from "zod";
 import type { FollowUp } from "./follow-up.js";
+import type { InboxOptions, ResolvedInbox } from "./inbox.js";
 import type { PublishOptions } from "./publish-options.js";
 import type { QueueDefinition } from "./queue.js";
 import type { RetryStrategy } from "./retry.js";
@@ -115,6 +116,13 @@ export interface QueueConfig<P = unknown> {
    */
   subscribe?: readonly string[];
   /**
+   * Dedupe this queue's deliveries with the worker inbox (for handlers with effects outside this database):
+   * a message whose record exists is acked without running the handler (outcome `deduped`); after the
+   * handler succeeds, the record is committed before the ack. `true`: consumer = the queue's name, key =
+   * the message id. See {@link InboxOptions} and the README's "An inbox for handlers with outside effects".
+   */
+  inbox?: boolean | InboxOptions<P>;
+  /**
    * Run the handler inside a Postgres transaction that also acknowledges the message: the handler writes
    * through `message.transaction`, and its writes, the token-fenced ack and the follow-ups commit together
    * or not at all (a crash, a lost lease or a throw leaves none of them). Costs one transaction and one
@@ -174,4 +182,6 @@ export interface ResolvedQueue {
   /** The handler runs inside the ack's transaction (`QueueConfig.transaction`). */
   transaction: boolean;
   announceFailures: FailureAnnouncement | undefined;
+  /** Undefined when the queue has no inbox. */
+  inbox: ResolvedInbox | undefined;
 }

@@ -7,6 +7,7 @@
 import { FOLLOW_UPS_REFUSED } from "../contract/follow-up.js";
 import type { MessageContext, ResolvedQueue, TransactionClient } from "../contract/handler.js";
 import { TransientError } from "../contract/handler-errors.js";
+import { type InboxRecord, type InboxStore, MAX_INBOX_KEY_LENGTH } from "../contract/inbox.js";
 import type { PublishOptions } from "../contract/publish-options.js";
 import type { QueueDefinition } from "../contract/queue.js";
 import { TOPIC_HEADER } from "../contract/topic.js";
@@ -36,6 +37,8 @@ export interface DispatcherDeps {
   retry: RetryStrategy | undefined;
   maxErrorLength: number;
   submit(outcome: Outcome): void;
+  /** The inbox of queues configured with one; undefined when no queue has one (nothing is asked). */
+  inbox?: Pick<InboxStore, "seen">;
   dispatched(held: HeldRow): void;
   /** A retry strategy returned something unusable; the default was used instead. */
   strategyProblem(held: HeldRow, problem: string): void;
@@ -264,6 +267,16 @@ export class Dispatcher {
     if ("dead" in prepared) return { ...prepared.dead, held };
     const { payload } = prepared;
 
+    let inbox: InboxRecord | undefined;
+    if (queue.inbox && this.deps.inbox) {
+      // Checked as late as possible, just before the handler would start: a record committed by an earlier
+      // delivery any time before now is found. A delivery running at the same time is not (the lease and
+      // its heartbeat keep that from happening; the README says what is left).
+      const checked = await this.#checkInbox(held, queue, payload);
+      if (checked.outcome) return checked.outcome;
+      inbox = checked.record;
+    }
+
     if (!startRunning(held, performance.now())) return undefined;
     const running: Running = {
       deadline: held.startedAt + queue.timeoutMs,
@@ -275,7 +288,7 @@ export class Dispatcher {
     this.deps.dispatched(held);
     const context = new Context(held);
     try {
-      if (!queue.transaction) return await this.#run(held, queue, payload, context, running);
+      if (!queue.transaction) return await this.#run(held, queue, payload, context, running, inbox);
       return await this.#runInTransaction(held, queue, payload, context, running);
     } finally {
       this.#running.delete(held);
@@ -313,7 +326,7 @@ export class Dispatcher {
       );
     }
     context.transaction = handlerClient(tx.client, () => !context.sealed);
-    const outcome = await this.#run(held, queue, payload, context, running);
+    const outcome = await this.#run(held, queue, payload, context, running, undefined);
     // The handler has settled: the sweeper must not time out the ack that follows (the busy wait has its
     // own bound), nor count it overdue.
     running.expire = undefined;
@@ -359,6 +372,7 @@ export class Dispatcher {
     payload: unknown,
     context: Context,
     running: Running,
+    inbox: InboxRecord | undefined,
   ): Promise<Outcome> {
     // Undefined unless an OpenTelemetry SDK is registered: then the handler runs as before.
     const span = startProcessSpan(context);
@@ -380,6 +394,8 @@ export class Dispatcher {
         followUps && followUps.length > 0
           ? { kind: "ack", held, durationMs: performance.now() - held.startedAt, followUps }
           : { kind: "ack", held, durationMs: performance.now() - held.startedAt };
+      // The completer commits the record before the ack (a lost ack then still leaves the record).
+      if (inbox) ack.inbox = inbox;
       if (span) endProcessSpan(span, { kind: "ack" });
       return ack;
     } catch (error) {
@@ -389,6 +405,42 @@ export class Dispatcher {
       if (span) endSpan(span, failure, error);
       return failure;
     }
+  }
+
+  /**
+   * The queue's dedupe key for this delivery, and whether the inbox holds it: held, the outcome is a
+   * `deduped` ack (the handler does not run). A key function that throws, or a check the database cannot
+   * answer, fails the attempt (the latter as transient: an outage is retried, never counted).
+   */
+  async #checkInbox(
+    held: HeldRow,
+    queue: ResolvedQueue,
+    payload: unknown,
+  ): Promise<{ outcome: Outcome; record?: undefined } | { outcome?: undefined; record: InboxRecord }> {
+    const inbox = queue.inbox as NonNullable<ResolvedQueue["inbox"]>;
+    let key: string;
+    try {
+      key = inbox.key ? inboxKey(inbox.key(payload, new Context(held))) : held.row.id;
+    } catch (error) {
+      return { outcome: this.#failure(held, queue, error) };
+    }
+    const record: InboxRecord = { consumer: inbox.consumer, key, id: held.row.id, queue: held.row.queue };
+    let seen: boolean;
+    try {
+      seen = await (this.deps.inbox as Pick<InboxStore, "seen">).seen(record);
+    } catch (error) {
+      return {
+        outcome: this.#failure(
+          held,
+          queue,
+          new TransientError(`inbox check failed: ${(error as Error)?.message ?? String(error)}`, {
+            cause: error,
+          }),
+        ),
+      };
+    }
+    if (seen) return { outcome: { kind: "ack", held, durationMs: 0, inbox: record, deduped: true } };
+    return { record };
   }
 
   #failure(held: HeldRow, queue: ResolvedQueue, error: unknown): Outcome {
@@ -410,6 +462,21 @@ function endSpan(span: ProcessSpan, outcome: Outcome, error: unknown): void {
         : undefined,
     error,
   );
+}
+
+/** A key function's answer, if it is usable as a dedupe key; throws (failing the attempt) if not. */
+function inboxKey(key: unknown): string {
+  if (
+    typeof key !== "string" ||
+    key.length === 0 ||
+    key.length > MAX_INBOX_KEY_LENGTH ||
+    key.includes("\0")
+  ) {
+    throw new TypeError(
+      `inbox.key must return a non-empty string of at most ${MAX_INBOX_KEY_LENGTH} characters without NUL, got ${typeof key === "string" ? `a string of ${key.length}` : typeof key}`,
+    );
+  }
+  return key;
 }
 
 function isThenable(value: unknown): value is PromiseLike<unknown> {

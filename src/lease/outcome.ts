@@ -1,4 +1,5 @@
 import type { PreparedFollowUp } from "../contract/follow-up.js";
+import type { InboxRecord } from "../contract/inbox.js";
 import type { HeldRow } from "./held.js";
 
 /**
@@ -12,6 +13,12 @@ export type Outcome =
       durationMs: number;
       /** Inserted by the ack's own statement, under its token; absent (most acks) when there are none. */
       followUps?: readonly PreparedFollowUp[];
+      /**
+       * The queue's inbox record: after a handler that ran, written (and committed) before the ack; with
+       * `deduped`, the record found, and the handler did not run (nothing is written but the ack).
+       */
+      inbox?: InboxRecord;
+      deduped?: true;
     }
   | {
       kind: "retry";

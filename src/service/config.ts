@@ -236,6 +236,8 @@ const TUNING_DESCRIPTIONS: Record<keyof typeof workerTuningShape, string> = {
   loopBackoffBaseMs: "first backoff after a database failure",
   loopBackoffMaxMs: "longest backoff after database failures",
   stopTimeoutMs: "how long SIGTERM waits for running handlers",
+  inboxRetentionMs:
+    "how long inbox records are kept (a later redelivery runs its handler again); the worker deletes older ones",
   keyHeadRepairIntervalMs:
     "how often keys whose head was deleted outside the worker (by hand, by an older worker) get their next message as head",
   maxErrorLength: "longest error text kept in last_error and dead letters",

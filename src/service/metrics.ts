@@ -76,6 +76,11 @@ export function createMetrics(opts: MetricsOptions): Metrics {
 
   const fetched = counter("outbox_fetched_total", "Rows leased by fetches.");
   const acked = counter("outbox_acked_total", "Messages handled and deleted.", ["queue"]);
+  const deduped = counter(
+    "outbox_messages_deduped_total",
+    "Messages acked without running the handler: the queue's inbox showed them handled already.",
+    ["queue"],
+  );
   const retried = counter("outbox_retried_total", "Handler failures scheduled for a retry.", [
     "queue",
     "transient",
@@ -321,6 +326,7 @@ export function createMetrics(opts: MetricsOptions): Metrics {
         acked.inc({ queue: e.queue });
         duration.observe({ queue: e.queue }, e.durationMs / 1000);
       }),
+      worker.on("deduped", (e) => deduped.inc({ queue: e.queue })),
       worker.on("retried", (e) => retried.inc({ queue: e.queue, transient: String(e.transient) })),
       worker.on("dead_lettered", (e) => dead.inc({ queue: e.queue, reason: e.reason })),
       worker.on("lease_lost", (e) => leaseLost.inc({ queue: e.queue, phase: e.phase })),

@@ -21,7 +21,8 @@ import { outboxNames, quoteLiteral } from "./names.js";
  *   through dead_letter (SECURITY DEFINER: it takes the content from the row the worker holds; the worker
  *   only reads dead_letters, so it cannot forge one) or dead_letter_announced (the same move, and a failure
  *   event built from the dead letter for a queue with announceFailures), EXECUTE on ack_keyed/ack_key_heads/promote_heads/
- *   promote_heads_after, schema_migrations SELECT for the version check, `leases` for status. No INSERT, no
+ *   promote_heads_after, schema_migrations SELECT for the version check, `leases` for status, the inbox
+ *   (SELECT and INSERT; its retention through expire_inbox, SECURITY DEFINER). No INSERT on messages, no
  *   DDL, no TRUNCATE. With expire: EXECUTE on expire_dead_letters (SECURITY DEFINER), for the service's
  *   dead-letter retention; no DELETE. With follow-up: INSERT of the producer's columns, for
  *   handlers that publish follow-up messages (inserted by the worker with its ack; not `topic`, nor fan_out:
@@ -31,7 +32,7 @@ import { outboxNames, quoteLiteral } from "./names.js";
  * - inspector: the `unprocessed` view (peek; a view reads its table with its owner's rights), the columns of
  *   messages that `status` and the replay preview read (no payload, headers, error or lease token), the
  *   `leases` view (who holds what, without tokens), dead_letters SELECT, subscriptions SELECT (who receives
- *   what), EXECUTE on topic_queues (the preview of kept topic events), schema_migrations SELECT (the version
+ *   what), inbox SELECT (what was handled), EXECUTE on topic_queues (the preview of kept topic events), schema_migrations SELECT (the version
  *   check every command runs first). With repair: replay (INSERT into messages with the dead letter's own
  *   id, DELETE from dead_letters; its FOR UPDATE needs UPDATE on one column; EXECUTE on route_unrouted,
  *   SECURITY DEFINER, for the events kept for want of a subscriber) and purge (DELETE).
@@ -151,6 +152,9 @@ export const SUBSCRIBE_FUNCTIONS = ["topic_matcher(text)"] as const;
 /** The dead-letter retention's batch (migration 0015), run as the schema's owner. */
 export const EXPIRE_FUNCTIONS = ["expire_dead_letters(double precision, integer)"] as const;
 
+/** The worker inbox's retention batch (migration 0016), run as the schema's owner. */
+export const INBOX_EXPIRE_FUNCTIONS = ["expire_inbox(double precision, integer)"] as const;
+
 /** The functions the worker calls (argument types, as Postgres names them). */
 export const WORKER_FUNCTIONS = [
   "ack_keyed(bigint[], uuid[], integer, uuid, double precision, text, boolean)",
@@ -239,6 +243,11 @@ const RIGHTS: Readonly<Record<GrantOption, readonly Right[]>> = {
     table("dead_letters", "SELECT"),
     table("leases", "SELECT"),
     ...WORKER_FUNCTIONS.map(fn),
+    // The inbox of queues configured with one (migration 0016): the check, the record, and its retention
+    // (deletes through expire_inbox, as the owner: no DELETE). Only the worker's own bookkeeping.
+    table("inbox", "SELECT"),
+    table("inbox", "INSERT"),
+    ...INBOX_EXPIRE_FUNCTIONS.map(fn),
   ],
   // Retention is off by default: without it, a worker has no reason to destroy dead letters.
   "--worker-can-expire": EXPIRE_FUNCTIONS.map(fn),
@@ -257,6 +266,8 @@ const RIGHTS: Readonly<Record<GrantOption, readonly Right[]>> = {
     table("leases", "SELECT"),
     table("dead_letters", "SELECT"),
     table("subscriptions", "SELECT"),
+    // Which messages a queue's inbox holds as handled (a person asking why one was deduped).
+    table("inbox", "SELECT"),
     ...INSPECTOR_FUNCTIONS.map(fn),
   ],
   "--inspector-can-repair": [

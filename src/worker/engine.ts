@@ -2,6 +2,7 @@ import type { Logger } from "pino";
 import { Completer, type Outcome } from "../complete/completer.js";
 import { Heartbeat } from "../complete/heartbeat.js";
 import { OutboxConfigError } from "../contract/errors.js";
+import type { InboxStore } from "../contract/inbox.js";
 import { Dispatcher } from "../dispatch/dispatcher.js";
 import { LocalQueue } from "../dispatch/local-queue.js";
 import { Fetcher } from "../fetch/fetcher.js";
@@ -29,6 +30,8 @@ export interface EngineDeps {
   log: Logger;
   emitter: WorkerEmitter;
   health: LoopHealth;
+  /** The inbox, when a queue has one. */
+  inbox?: InboxStore;
   /** A loop gave up after `maxConsecutiveFailures`: the worker stops. */
   onFatal(error: Error): void;
 }
@@ -122,6 +125,7 @@ export function createEngine(deps: EngineDeps): Engine {
 
   const completer = new Completer({
     store,
+    ...(deps.inbox ? { inbox: deps.inbox } : {}),
     batchSize: options.completionBatchSize,
     windowMs: options.completionWindowMs,
     backoffBaseMs: options.loopBackoffBaseMs,
@@ -131,7 +135,14 @@ export function createEngine(deps: EngineDeps): Engine {
       health.recovered("complete");
       held.delete(o.held);
       const { id, queue: q } = o.held.row;
-      if (o.kind === "ack") {
+      if (o.kind === "ack" && o.deduped && o.inbox) {
+        const { consumer, key } = o.inbox;
+        log.debug(
+          { id, queue: q, consumer, key },
+          "already handled (inbox): acked without running the handler",
+        );
+        emitter.emit("deduped", { id, queue: q, consumer, key });
+      } else if (o.kind === "ack") {
         if (emitter.hasListeners("acked")) emitter.emit("acked", { id, queue: q, durationMs: o.durationMs });
       } else if (o.kind === "retry") {
         log.debug({ id, queue: q, delayMs: o.delayMs, error: o.error }, "retry scheduled");
@@ -311,6 +322,7 @@ export function createEngine(deps: EngineDeps): Engine {
           },
         }
       : {}),
+    ...(deps.inbox ? { inbox: deps.inbox } : {}),
     dispatched: (h) => {
       // Guarded: an event object per message is measurable at tens of thousands a second.
       if (emitter.hasListeners("dispatched")) {

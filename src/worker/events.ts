@@ -10,6 +10,11 @@ export interface WorkerEvents {
   fetched: { count: number };
   dispatched: { id: string; queue: string; deliveries: number };
   acked: { id: string; queue: string; durationMs: number };
+  /**
+   * A queue's inbox held this message's (consumer, key): it was acked without running the handler (an
+   * earlier delivery, or another message with the same derived key, was handled).
+   */
+  deduped: { id: string; queue: string; consumer: string; key: string };
   retried: {
     id: string;
     queue: string;

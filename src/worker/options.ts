@@ -10,6 +10,7 @@ import type {
   ResolvedQueue,
   TransactionalHandler,
 } from "../contract/handler.js";
+import type { InboxOptions, ResolvedInbox } from "../contract/inbox.js";
 import { type QueueDefinition, validateQueueName } from "../contract/queue.js";
 import type { RetryStrategy } from "../contract/retry.js";
 import { topicMatches, validateTopicName, validateTopicPattern } from "../contract/topic.js";
@@ -51,6 +52,14 @@ export const workerTuningShape = {
   stopTimeoutMs: z.number().int().min(0).max(3_600_000).default(30_000),
   keyHeadRepairIntervalMs: z.number().int().min(1000).max(86_400_000).default(60_000),
   maxErrorLength: z.number().int().min(100).max(1_000_000).default(4000),
+  // How long a queue's inbox records are kept (only queues with `inbox` have any): a redelivery later
+  // than this runs its handler again. From a minute to ten years; default 7 days.
+  inboxRetentionMs: z
+    .number()
+    .int()
+    .min(60_000, "must be at least 60000 (a minute)")
+    .max(315_360_000_000, "must be at most 315360000000 (ten years)")
+    .default(7 * 86_400_000),
 };
 
 export const workerTuningSchema = z.strictObject(workerTuningShape);
@@ -81,6 +90,13 @@ export function tuningIssues(o: WorkerTuning): TuningIssue[] {
       message: `must not exceed maxPollIntervalMs (${o.maxPollIntervalMs}), got ${o.minPollIntervalMs}`,
     });
   }
+  // A lost ack is redelivered one lease TTL later at the earliest: records must outlive that, and more.
+  if (o.inboxRetentionMs < 2 * o.leaseTtlMs) {
+    issues.push({
+      path: ["inboxRetentionMs"],
+      message: `must be at least twice leaseTtlMs (${o.leaseTtlMs}): a redelivery after a lost ack comes a lease later, got ${o.inboxRetentionMs}`,
+    });
+  }
   if (o.loopBackoffBaseMs > o.loopBackoffMaxMs) {
     issues.push({ path: ["loopBackoffBaseMs"], message: "must not exceed loopBackoffMaxMs" });
   }
@@ -102,7 +118,36 @@ const queueConfigSchema = z.strictObject({
   // Checked in the options' superRefine: a problem here would surface as the queue's "Invalid input" (the
   // entry is a union of a handler and this object), without the field's name.
   announceFailures: z.custom<FailureAnnouncement>(() => true).optional(),
+  // Checked in superRefine (inboxSchema): inside the handler-or-config union, zod would only say "Invalid input".
+  inbox: z.custom<boolean | InboxOptions>(() => true).optional(),
 });
+
+const inboxObjectSchema = z.strictObject({
+  consumer: z
+    .string("must be a string")
+    .min(1, "must be a non-empty string")
+    .max(200, "must be at most 200 characters")
+    .optional(),
+  key: z
+    .custom<InboxOptions["key"]>(
+      (v) => typeof v === "function",
+      "must be a function (payload, message) => string",
+    )
+    .optional(),
+});
+
+/** The problems of a queue's `inbox` value, with paths below it. */
+function inboxIssues(inbox: unknown): TuningIssue[] {
+  if (typeof inbox === "boolean") return [];
+  if (typeof inbox !== "object" || inbox === null || Array.isArray(inbox)) {
+    return [{ path: [], message: "must be true, false or { consumer?, key? }" }];
+  }
+  const parsed = inboxObjectSchema.safeParse(inbox);
+  return (parsed.error?.issues ?? []).map((i) => ({
+    path: i.path.filter((p): p is string | number => typeof p !== "symbol"),
+    message: i.message,
+  }));
+}
 
 const optionsSchema = z
   .strictObject({
@@ -166,6 +211,26 @@ const optionsSchema = z
       if (typeof def === "object" && def.announceFailures !== undefined)
         for (const issue of announceIssues(name, def.announceFailures, def.subscribe ?? []))
           ctx.addIssue({ code: "custom", ...issue });
+      if (typeof def === "object" && def.inbox !== undefined) {
+        for (const issue of inboxIssues(def.inbox)) {
+          ctx.addIssue({
+            code: "custom",
+            path: ["queues", name, "inbox", ...issue.path],
+            message: issue.message,
+          });
+        }
+      }
+      // The inbox record must commit before the ack and apart from it; a transactional handler's ack commits
+      // with its writes, so a record in that transaction would be lost with a lost ack, and one outside it
+      // is a second commit per message that the ack transaction was chosen to avoid.
+      if (typeof def === "object" && def.inbox && def.transaction) {
+        ctx.addIssue({
+          code: "custom",
+          path: ["queues", name, "inbox"],
+          message:
+            "not with transaction: a transactional handler's writes commit with its ack already; keep outside effects in a queue of their own (a follow-up) with the inbox",
+        });
+      }
       if (typeof def === "object" && def.rawPayload && def.schema) {
         ctx.addIssue({
           code: "custom",
@@ -301,6 +366,7 @@ export function resolveWorkerOptions(input: WorkerOptions): ResolvedOptions {
       ordered: ("ordered" in config ? config.ordered : undefined) ?? true,
       transaction: ("transaction" in config ? config.transaction : undefined) ?? false,
       announceFailures: "announceFailures" in config ? config.announceFailures : undefined,
+      inbox: resolveInbox(name, "inbox" in config ? (config.inbox as QueueConfig["inbox"]) : undefined),
     });
   }
   return {
@@ -313,6 +379,13 @@ export function resolveWorkerOptions(input: WorkerOptions): ResolvedOptions {
   };
 }
 
+/** A queue's `inbox` option with its defaults: consumer = the queue's name, key = the message id. */
+function resolveInbox(queue: string, inbox: boolean | InboxOptions | undefined): ResolvedInbox | undefined {
+  if (inbox === undefined || inbox === false) return undefined;
+  if (inbox === true) return { consumer: queue, key: undefined };
+  return { consumer: inbox.consumer ?? queue, key: inbox.key };
+}
+
 /**
  * A queue's handler typed by its definition: the worker validates payloads with the same zod schema the
  * producer used, and the handler receives the schema's output type.
@@ -322,7 +395,12 @@ export function handle<I, O>(
   handler: Handler<O>,
   options: Omit<QueueConfig<O>, "handler" | "schema" | "rawPayload"> = {},
 ): QueueConfig {
-  return { ...options, handler: handler as Handler, schema: queue.schema as z.ZodType | undefined };
+  return {
+    ...options,
+    handler: handler as Handler,
+    schema: queue.schema as z.ZodType | undefined,
+    inbox: options.inbox as QueueConfig["inbox"],
+  };
 }
 
 /** A queue's settings besides its handler, as {@link handleInTransaction} takes them. */

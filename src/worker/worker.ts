@@ -10,6 +10,8 @@ import { applySubscriptions } from "./apply-subscriptions.js";
 import { createEngine, type StopResult, within } from "./engine.js";
 import { EventLoopWatch } from "./event-loop-watch.js";
 import { WorkerEmitter, type WorkerEventName, type WorkerEvents } from "./events.js";
+import { createPgInbox } from "./inbox.js";
+import { createInboxRetention } from "./inbox-retention.js";
 import { KeyHeadRepair } from "./key-head-repair.js";
 import { LoopHealth } from "./loop-health.js";
 import { type ResolvedOptions, resolveWorkerOptions, type WorkerOptions } from "./options.js";
@@ -114,11 +116,37 @@ export function createWorker(input: WorkerOptions): Worker {
         "named prepared statements are lost between statements: a transaction-mode pooler (PgBouncer) is in between; using unnamed statements from now on (set preparedStatements: false to start that way)",
       ),
   });
+  const workerPool = () => {
+    if (!pool) throw new Error("worker is not started");
+    return pool;
+  };
+  // Only when a queue has an inbox: the others never run an inbox statement.
+  const inboxQueues = [...options.queues.values()].filter((q) => q.inbox !== undefined).map((q) => q.name);
+  const inbox =
+    inboxQueues.length === 0
+      ? undefined
+      : createPgInbox({
+          pool: workerPool,
+          names,
+          synchronousCommit: options.synchronousCommit,
+          queryTimeoutMs: options.queryTimeoutMs,
+        });
+  const inboxRetention =
+    inboxQueues.length === 0
+      ? undefined
+      : createInboxRetention({
+          pool: workerPool,
+          names,
+          retentionMs: options.inboxRetentionMs,
+          queryTimeoutMs: options.queryTimeoutMs,
+          log,
+        });
   const engine = createEngine({
     options,
     store,
     log,
     emitter,
+    ...(inbox ? { inbox } : {}),
     health: new LoopHealth(log, emitter),
     onFatal: fatal,
   });
@@ -183,8 +211,9 @@ export function createWorker(input: WorkerOptions): Worker {
       pool = new pg.Pool({
         connectionString: options.connection,
         // fetch, three completion kinds side by side, heartbeat, and a spare for release on stop; plus one
-        // per dispatch loop when handlers run in their ack's transaction, so those never starve the rest.
-        max: options.poolSize + transactionSlots,
+        // per dispatch loop when handlers run in their ack's transaction, so those never starve the rest;
+        // one more with an inbox: its checks run beside the rest (one statement at a time).
+        max: options.poolSize + transactionSlots + (inbox ? 1 : 0),
         application_name: `outbox-worker ${options.workerId}`.slice(0, 63),
         keepAlive: true,
         // Connecting is a round trip too: bounded like the statements (a black-holed host never answers).
@@ -209,6 +238,7 @@ export function createWorker(input: WorkerOptions): Worker {
       {
         queues: queueNames,
         unorderedQueues: unorderedQueueNames,
+        ...(inbox ? { inboxQueues, inboxRetentionMs: options.inboxRetentionMs } : {}),
         concurrency: options.concurrency,
         batchSize: options.batchSize,
         leaseTtlMs: options.leaseTtlMs,
@@ -295,6 +325,7 @@ export function createWorker(input: WorkerOptions): Worker {
     engine.startFetching();
     keyHeadRepair.start();
     restartWatch.start();
+    inboxRetention?.start();
     emitter.emit("started", { workerId: options.workerId, queues: queueNames });
   }
 
@@ -303,6 +334,7 @@ export function createWorker(input: WorkerOptions): Worker {
     // The listener and the restart watch stop alongside the fetcher: no wake-up matters any more.
     const result = await engine.shutdown(timeoutMs, Promise.all([notifier?.stop(), restartWatch.stop()]));
     await keyHeadRepair.stop();
+    await inboxRetention?.stop();
     loopWatch.stop();
     if (ownsPool) await within(pool?.end().catch(() => {}) ?? Promise.resolve(), Math.max(1000, timeoutMs));
     return result;
