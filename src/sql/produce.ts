@@ -62,21 +62,22 @@ SELECT $1, $2::jsonb, $3::jsonb, $4, COALESCE($5::timestamptz, now() + $6::doubl
 FROM (SELECT 1) AS one
 LEFT JOIN LATERAL (SELECT ${KEY_LOCK("$1", "$4::text")} WHERE $4::text IS NOT NULL) AS key_lock ON true
 RETURNING id`;
-  const insertMany = `INSERT INTO ${names.messages} (queue, payload, headers, key, available_at)
-SELECT $1, e.item -> 'payload', e.item -> 'headers', e.item ->> 'key',
-       COALESCE((e.item ->> 'available_at')::timestamptz,
-                now() + (e.item ->> 'delay_ms')::double precision * interval '1 millisecond')
-FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS e(item, ord)
-CROSS JOIN (
-  -- Every key's lock before any id, in key order: two batches with the same keys in another order
-  -- cannot deadlock each other.
+  // Every key's lock before any id, in key order: two batches with the same keys in another order cannot
+  // deadlock each other.
+  const batchKeyLocks = `CROSS JOIN (
   SELECT count(*) FROM (
     SELECT ${KEY_LOCK("$1", "k.key")} FROM (
       SELECT DISTINCT i.item ->> 'key' AS key FROM jsonb_array_elements($2::jsonb) AS i(item)
       WHERE i.item ->> 'key' IS NOT NULL ORDER BY 1
     ) AS k
   ) AS taken
-) AS key_locks
+) AS key_locks`;
+  const insertMany = `INSERT INTO ${names.messages} (queue, payload, headers, key, available_at)
+SELECT $1, e.item -> 'payload', e.item -> 'headers', e.item ->> 'key',
+       COALESCE((e.item ->> 'available_at')::timestamptz,
+                now() + (e.item ->> 'delay_ms')::double precision * interval '1 millisecond')
+FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS e(item, ord)
+${batchKeyLocks}
 ORDER BY e.ord
 RETURNING id`;
   // Dedupe keys (migrations 0017, 0020). ON CONFLICT against the partial unique index is race-free: a row
@@ -107,14 +108,7 @@ SELECT $1, e.item -> 'payload', e.item -> 'headers', e.item ->> 'key',
                 now() + (e.item ->> 'delay_ms')::double precision * interval '1 millisecond'),
        e.item ->> 'dedupe_key'
 FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS e(item, ord)
-CROSS JOIN (
-  SELECT count(*) FROM (
-    SELECT ${KEY_LOCK("$1", "k.key")} FROM (
-      SELECT DISTINCT i.item ->> 'key' AS key FROM jsonb_array_elements($2::jsonb) AS i(item)
-      WHERE i.item ->> 'key' IS NOT NULL ORDER BY 1
-    ) AS k
-  ) AS taken
-) AS key_locks
+${batchKeyLocks}
 ORDER BY e.ord
 ${arbiter}
 RETURNING id, dedupe_key
