@@ -380,7 +380,7 @@ describe.skipIf(missing !== undefined)("console at size in a headless Chromium",
         await expect
           .poll(() => page.locator("#confirm-text").textContent())
           .toMatch(/This will replay 1 dead letter into/);
-        expect(await boxRowAfter(page, "confirm")).toBe(target);
+        await expect.poll(() => boxRowAfter(page, "confirm")).toBe(target);
         await expectBeside(page, `#dead tr[data-id="${target}"]`, "#confirm");
 
         // Still there after the list was rendered again by a poll.
@@ -388,7 +388,7 @@ describe.skipIf(missing !== undefined)("console at size in a headless Chromium",
         await expect
           .poll(() => sizes.get("/console/api/dead-letters")?.length ?? 0)
           .toBeGreaterThanOrEqual(polls + 2);
-        expect(await boxRowAfter(page, "confirm")).toBe(target);
+        await expect.poll(() => boxRowAfter(page, "confirm")).toBe(target);
         await expectBeside(page, `#dead tr[data-id="${target}"]`, "#confirm");
 
         await page.click("#confirm-yes");
