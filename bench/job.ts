@@ -28,6 +28,7 @@ import type { Peer } from "./peers/peer.js";
 import { QUEUE, vacuumSchema } from "./peers/peer.js";
 import { pgbossPeer } from "./peers/pgboss.js";
 import { type SqlVariant, sqlDrain } from "./peers/sql.js";
+import { type PgCost, pgCostMeter } from "./pg-cost.js";
 
 export type PeerName = "outbox" | "graphile" | "pgboss";
 
@@ -92,6 +93,8 @@ export interface DrainResult {
   orderViolations?: number;
   /** Set when `maxSeconds` ended the drain first: the rows handled by then. */
   partial?: number;
+  /** What the drain cost Postgres (see bench/pg-cost.ts). */
+  cost?: PgCost;
 }
 export interface LatencyResult {
   p50: number;
@@ -273,6 +276,7 @@ async function drain(spec: Extract<JobSpec, { kind: "drain" }>): Promise<DrainRe
   let first = 0;
   let atLo = 0;
   let atHi = 0;
+  const meter = await pgCostMeter(schema);
   const rss = sampleRss();
   const cpu = cpuMeter();
   profileWindow("enable");
@@ -294,9 +298,11 @@ async function drain(spec: Extract<JobSpec, { kind: "drain" }>): Promise<DrainRe
   if (!partial) await until(async () => (await peer.remaining()) === 0, 60_000, 2);
   const seconds = (performance.now() - first) / 1000;
   const used = cpu.stop();
+  await meter.endWal();
   profileWindow("disable");
   const rssMb = Math.max(...rss.stop()) / MB;
   await peer.stopWorker();
+  const cost = await meter.stop();
   await printIndexStats(schema);
   await peer.teardown();
   if (handled !== spec.rows && !partial) throw new Error(`${handled} handler calls for ${spec.rows} rows`);
@@ -312,6 +318,7 @@ async function drain(spec: Extract<JobSpec, { kind: "drain" }>): Promise<DrainRe
     ...(lease && ack ? { leaseMs: median(lease), ackMs: median(ack), leases: lease.length } : {}),
     ...(order ? { orderViolations: order.violations } : {}),
     ...(partial ? { partial: handled } : {}),
+    cost,
   };
 }
 
@@ -322,6 +329,7 @@ async function sqlCeiling(spec: Extract<JobSpec, { kind: "sql" }>): Promise<Drai
   await peer.fill(spec.rows);
   const queries = instrumentQueries();
   const before = queries.count;
+  const meter = await pgCostMeter(schema);
   const cpu = cpuMeter();
   let leased = 0;
   const started = performance.now();
@@ -331,6 +339,7 @@ async function sqlCeiling(spec: Extract<JobSpec, { kind: "sql" }>): Promise<Drai
   const seconds = (performance.now() - started) / 1000;
   const statements = queries.count - before;
   const used = cpu.stop();
+  const cost = await meter.stop();
   const left = await peer.remaining();
   await peer.teardown();
   if (left !== 0 || leased !== spec.rows) throw new Error(`sql drain: ${left} left, ${leased} leased`);
@@ -341,6 +350,7 @@ async function sqlCeiling(spec: Extract<JobSpec, { kind: "sql" }>): Promise<Drai
     rssMb: process.memoryUsage().rss / MB,
     cpuNode: (used.node * 1e6) / spec.rows,
     cpuRest: (used.rest * 1e6) / spec.rows,
+    cost,
   };
 }
 

@@ -49,11 +49,10 @@ describe(`the lease statement on ${ROWS} rows`, () => {
       ANALYZE ${m};`);
   }, 120_000);
 
-  it("scans messages_head_ready_idx for ready rows and messages_leased_idx for expired leases", async () => {
+  it("scans messages_due_idx for ready rows and expired leases alike", async () => {
     for (const queues of [["a"], ["a", "b"]]) {
       const plan = await explain(queues, 100);
-      expect(plan).toMatch(/Index Scan using messages_head_ready_idx on messages/);
-      expect(plan).toMatch(/Index Scan using messages_leased_idx on messages/);
+      expect(plan).toMatch(/Index Scan using messages_due_idx on messages/);
       expect(plan).not.toMatch(/Seq Scan/);
       expect(plan).not.toMatch(/Bitmap Heap Scan/);
       // The picked ids join back through the primary key, not a full scan of the table.
@@ -143,11 +142,11 @@ describe(`per-key ordering with one hot key of ${HOT} rows and ${OTHER_KEYS} oth
       "text[], int, uuid, double precision, text, text[], bigint, uuid[], int[]",
       `'{q}', 500, '${randomUUID()}', 30000, 'explain', '{}', ${Number.MAX_SAFE_INTEGER}, '{${randomUUID()}}', '{500}'`,
     );
-    expect(plan).toMatch(/Index Scan using messages_head_ready_idx on messages/);
+    expect(plan).toMatch(/Index Scan using messages_due_idx on messages/);
     expect(plan).not.toMatch(/Seq Scan|Bitmap Heap Scan/);
     // The ready branch returns the batch (the hot key's head and 499 others) and reads about as many
     // index entries: the hot key's 99,999 waiting rows are not in this index at all.
-    const ready = plan.split("\n").find((l) => l.includes("messages_head_ready_idx")) ?? "";
+    const ready = plan.split("\n").find((l) => l.includes("messages_due_idx")) ?? "";
     expect(Number(/actual time=[\d.]+\.\.[\d.]+ rows=(\d+)/.exec(ready)?.[1])).toBeLessThanOrEqual(500);
     const hits = [...plan.matchAll(/Buffers: shared hit=(\d+)(?: read=(\d+))?/g)].map(
       (b) => Number(b[1]) + Number(b[2] ?? 0),

@@ -192,15 +192,17 @@ describe("the per-key ordering upgrade on a live outbox", () => {
        JOIN pg_class AS c ON c.oid = i.indexrelid
        WHERE i.indrelid = to_regclass($1)
          AND c.relname IN ('messages_ready_idx', 'messages_head_ready_idx', 'messages_waiting_idx',
+                           'messages_leased_idx', 'messages_due_idx', 'messages_behind_idx',
                            'messages_dedupe_key_idx')
        ORDER BY 1`,
       [`"${schema}".messages`],
     );
     expect(indexes.rows).toEqual([
       // Dedupe keys' index (0020), built concurrently on the live table too.
+      { name: "messages_behind_idx", valid: true },
       { name: "messages_dedupe_key_idx", valid: true },
-      { name: "messages_head_ready_idx", valid: true },
-      { name: "messages_waiting_idx", valid: true },
+      // The due indexes of HOT leases (0021) replace the ready, waiting and leased ones, built concurrently.
+      { name: "messages_due_idx", valid: true },
     ]);
   });
 

@@ -13,8 +13,9 @@ import { type StatementSettings, settingsJoin, withSettings } from "./settings.j
  * deliveries of the same row at once (its own lease expired while the handler ran, and it leased the row
  * again): an answer by id alone would credit the old delivery with the new one's write.
  *
- * The pairs are joined through unnest. The planner may look each id up by primary key or hash-join over
- * the leased rows (messages_leased_idx); both stay small because only held rows are leased.
+ * The pairs are joined through unnest, each id looked up by primary key. Taking, renewing and clearing a
+ * lease change no indexed column (migration 0021), so those writes are HOT updates: a new row version on the
+ * same page, no index entry.
  */
 /** Parallel arrays naming deliveries: `ids[i]` leased under `tokens[i]`, as array literals or arrays. */
 export interface DeliveryParams {

@@ -42,6 +42,13 @@ export interface LeaseParams {
 }
 
 /**
+ * A row a fetch may lease: unleased, or its lease ran out. Checked on the heap: no index holds the lease
+ * columns, so a lease is a HOT update (migration 0021). Our own deliveries still running (the event loop was
+ * blocked past their lease) are never taken: never a second run.
+ */
+const DUE = "(acquired_token IS NULL OR (lease_expires_at <= now() AND acquired_token <> ALL ($8::uuid[])))";
+
+/**
  * Lease up to `limit` rows of `queues` whose lease is unset or expired and whose time has come, oldest
  * first within each queue, under `token` for `leaseTtlMs`, naming `workerId` as their holder.
  *
@@ -50,13 +57,13 @@ export interface LeaseParams {
  * of its rows (its k-th row takes turn k / share), so one queue's backlog does not starve the others.
  *
  * Per-key ordering: only the head of a key (no earlier row of its queue and key left) is ready, and the
- * ready index holds heads only, so a hot key's backlog is never walked; a batch holds at most one row per
+ * due index holds heads only, so a hot key's backlog is never walked; a batch holds at most one row per
  * key. Queues that opted out also take the rows waiting behind a head (their own index).
  *
- * Each branch of "unleased OR lease expired" is its own index scan (messages_head_ready_idx and
- * messages_leased_idx), per queue through LATERAL, so the cost follows the batch size and not the backlog:
- * one `OR` over both branches with `ORDER BY` makes the planner scan and sort every ready row.
- * SKIP LOCKED lets concurrent workers take disjoint rows without waiting on each other. The picked ids come
+ * Each queue's scan walks its due index (messages_due_idx) oldest first through LATERAL, so the cost
+ * follows the batch size and the rows in flight, not the backlog: leases are taken oldest first, so the
+ * live ones sit at the front of the range and are stepped over on the heap; an expired one is taken where
+ * it stands, in order. SKIP LOCKED lets concurrent workers take disjoint rows without waiting on each other. The picked ids come
  * back as an array so the UPDATE finds them by primary key: joining the CTE instead lets a generic plan
  * choose a hash join over a full scan of the table.
  *
@@ -76,32 +83,21 @@ export function fetchStatement(
     : "(row_number() OVER (PARTITION BY queue ORDER BY available_at, id))::float8 / share";
   return defineQuery(
     "lease",
-    `WITH ${cte === "" ? "" : `${cte}, `}expired AS (
+    `WITH ${cte === "" ? "" : `${cte}, `}due AS (
   SELECT c.id, c.available_at, c.bytes, q.queue, q.share FROM unnest($1::text[], $9::int[]) AS q(queue, share)
   CROSS JOIN LATERAL (
     SELECT id, available_at, pg_column_size(payload) AS bytes FROM ${m}
-    WHERE queue = q.queue AND acquired_token IS NOT NULL AND lease_expires_at <= now()
-      -- Our own deliveries still running (the event loop was blocked past their lease): never a second run.
-      AND acquired_token <> ALL ($8::uuid[])
-    ORDER BY lease_expires_at
-    LIMIT q.share
-    FOR UPDATE SKIP LOCKED
-  ) AS c
-), ready AS (
-  SELECT c.id, c.available_at, c.bytes, q.queue, q.share FROM unnest($1::text[], $9::int[]) AS q(queue, share)
-  CROSS JOIN LATERAL (
-    SELECT id, available_at, pg_column_size(payload) AS bytes FROM ${m}
-    WHERE queue = q.queue AND acquired_token IS NULL AND head AND available_at <= now()
+    WHERE queue = q.queue AND head AND available_at <= now() AND ${DUE}
     ORDER BY available_at, id
     -- Its share, not the whole limit: every row a scan takes is read and locked, picked or not.
     LIMIT q.share
     FOR UPDATE SKIP LOCKED
   ) AS c
-), waiting AS (
+), behind AS (
   SELECT c.id, c.available_at, c.bytes, q.queue, q.share FROM unnest($1::text[], $9::int[]) AS q(queue, share)
   CROSS JOIN LATERAL (
     SELECT id, available_at, pg_column_size(payload) AS bytes FROM ${m}
-    WHERE queue = q.queue AND acquired_token IS NULL AND NOT head AND available_at <= now()
+    WHERE queue = q.queue AND NOT head AND available_at <= now() AND ${DUE}
     ORDER BY available_at, id
     LIMIT q.share
     FOR UPDATE SKIP LOCKED
@@ -115,7 +111,7 @@ export function fetchStatement(
       -- cut takes the same fraction of each queue's rows, not the oldest of all (one queue's old backlog
       -- would starve the others). With one queue this is oldest first.
       SELECT id, available_at, bytes, ${turn} AS turn
-      FROM (SELECT * FROM expired UNION ALL SELECT * FROM ready UNION ALL SELECT * FROM waiting) AS r
+      FROM (SELECT * FROM due UNION ALL SELECT * FROM behind) AS r
     ) AS candidates
     WINDOW w AS (ORDER BY turn, available_at, id ROWS UNBOUNDED PRECEDING)
     ORDER BY turn, available_at, id

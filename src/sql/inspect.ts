@@ -81,26 +81,27 @@ export interface StaleQueuesParams {
 /**
  * The queues whose oldest ready message has waited longer than `olderThanMs`, each with whether a live
  * lease shows a worker taking from it. Index lookups only, a few per queue with ready rows: the queues
- * are walked through the ready index (a skip scan, one probe per queue), each one's oldest ready row is
- * the first entry of its range there, and the lease check stops at the first live lease in the leased
- * index. It never counts the backlog, so it costs the same at 10 rows or 10 million.
+ * are walked through the due index (a skip scan, one probe per queue), each one's oldest ready row is the
+ * first unleased entry of its range there, and the lease check reads the entries before it. Workers lease
+ * oldest first, so a worker's leases sit in front of the oldest row it has not taken: both reads step over
+ * the rows in flight only. It never counts the backlog, so it costs the same at 10 rows or 10 million.
  */
 export function staleQueuesStatement(names: OutboxNames): Query<StaleQueuesParams, StaleQueueRow> {
   return defineQuery(
     "stale_queues",
     `WITH RECURSIVE queues(queue) AS (
-  (SELECT queue FROM ${names.messages} WHERE acquired_token IS NULL AND head ORDER BY queue LIMIT 1)
+  (SELECT queue FROM ${names.messages} WHERE head ORDER BY queue LIMIT 1)
   UNION ALL
-  SELECT (SELECT m.queue FROM ${names.messages} AS m
-          WHERE m.acquired_token IS NULL AND m.head AND m.queue > q.queue ORDER BY m.queue LIMIT 1)
+  SELECT (SELECT m.queue FROM ${names.messages} AS m WHERE m.head AND m.queue > q.queue ORDER BY m.queue LIMIT 1)
   FROM queues AS q WHERE q.queue IS NOT NULL
 )
 SELECT q.queue, extract(epoch FROM now() - r.available_at)::float8 AS oldest_ready_age_s,
        EXISTS (SELECT 1 FROM ${names.messages} AS l
-               WHERE l.queue = q.queue AND l.acquired_token IS NOT NULL AND l.lease_expires_at > now()) AS leased
+               WHERE l.queue = q.queue AND l.head AND (l.available_at, l.id) < (r.available_at, r.id)
+                 AND l.acquired_token IS NOT NULL AND l.lease_expires_at > now()) AS leased
 FROM queues AS q
 CROSS JOIN LATERAL (
-  SELECT m.available_at FROM ${names.messages} AS m
+  SELECT m.available_at, m.id FROM ${names.messages} AS m
   WHERE m.queue = q.queue AND m.acquired_token IS NULL AND m.head
   ORDER BY m.available_at, m.id LIMIT 1
 ) AS r
@@ -155,8 +156,9 @@ export interface WorkerLeasesRow {
 }
 
 /**
- * Per worker: rows leased, expired leases, oldest lease. Reads the leased rows only, through the `leases`
- * view (migration 0015: messages_leased_idx, and no token for whoever reads it).
+ * Per worker: rows leased, expired leases, oldest lease. Through the `leases` view (migration 0015: no
+ * token for whoever reads it). No index holds the lease columns (leases are HOT updates, migration 0021),
+ * so this reads the table: a status command's read, like the per-queue counts.
  */
 export function workerLeasesStatement(names: OutboxNames): Query<NoParams, WorkerLeasesRow> {
   return defineQuery(

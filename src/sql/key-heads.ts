@@ -6,7 +6,7 @@ import type { OutboxNames } from "./names.js";
  *
  * The worker's own completions never leave a key without a head; a head deleted another way does: by hand
  * (`DELETE FROM outbox.messages WHERE id = …`), or acknowledged by a worker of a version before per-key
- * ordering during a rolling upgrade. Reads the rows waiting behind a head (messages_waiting_idx) with one
+ * ordering during a rolling upgrade. Reads the rows waiting behind a head (messages_behind_idx) with one
  * index probe each (messages_key_idx), so it runs every minute, not per fetch. A row with an earlier row
  * of its key, or whose key has a head, is left alone (a replayed dead letter waits behind the head in
  * flight). Concurrent completions are harmless: both would promote the same oldest row.

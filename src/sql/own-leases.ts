@@ -28,8 +28,8 @@ export interface ReclaimedRow {
  * not expired: an unleased row is due to every fetch, whatever leases the fetching worker keeps. Rows under
  * other tokens are never touched.
  *
- * Plan: the leases of the queues through messages_leased_idx (queue, lease_expires_at), joined to the
- * tokens by hash; the held pairs are taken away by a hashed EXCEPT (an anti-join on the unnest was planned
+ * Plan: the queues' rows (no index holds the lease columns: a lease is a HOT update, migration 0021; this
+ * runs once after a server crash, not per fetch), filtered by the tokens through a hash; the held pairs are taken away by a hashed EXCEPT (an anti-join on the unnest was planned
  * as a nested loop: 1.3 s for 1,500 held pairs against 1,500 candidates). The stale rows are then locked by
  * primary key in id order, as every statement of the worker locks them (no deadlock), checked again, and
  * cleared by primary key.

@@ -1,0 +1,120 @@
+import { randomUUID } from "node:crypto";
+import type pg from "pg";
+import { beforeAll, describe, expect, it } from "vitest";
+import { completeStatements } from "../src/sql/complete.js";
+import { runQuery } from "../src/sql/executor.js";
+import { fetchStatement } from "../src/sql/fetch.js";
+import { testDatabase } from "./helpers/database.js";
+
+const db = testDatabase("hotlease");
+/** A Kubernetes pod name's length: the holder is written by every lease and makes the leased row larger. */
+const WORKER_ID = "orders-outbox-worker-7d9f8c6b5d-x2x9k-replica-0001";
+const ROWS = 3000;
+
+type Updates = { updated: number; hot: number };
+
+/**
+ * Row updates of messages the session has counted and not yet reported: all of them, and the HOT ones.
+ * Reported between transactions only, so a difference inside one transaction is that transaction's.
+ */
+async function pendingUpdates(client: pg.PoolClient): Promise<Updates> {
+  const { rows } = await client.query(
+    `SELECT pg_stat_get_xact_tuples_updated($1::regclass)::int AS updated,
+            pg_stat_get_xact_tuples_hot_updated($1::regclass)::int AS hot`,
+    [db.names.messages],
+  );
+  return rows[0];
+}
+
+/** Runs `write` in a transaction on `client` → the row updates it made, and its result. */
+async function counted<T>(client: pg.PoolClient, write: () => Promise<T>): Promise<[Updates, T]> {
+  await client.query("BEGIN");
+  try {
+    const before = await pendingUpdates(client);
+    const result = await write();
+    const after = await pendingUpdates(client);
+    await client.query("COMMIT");
+    return [{ updated: after.updated - before.updated, hot: after.hot - before.hot }, result];
+  } catch (error) {
+    await client.query("ROLLBACK");
+    throw error;
+  }
+}
+
+/**
+ * Leasing, renewing and releasing change no indexed column, and each page keeps room for a new version of
+ * every row, so each of those writes is a HOT update: one new row version on its page, no index entry
+ * (DESIGN: what a delivered message costs Postgres). Counted by Postgres itself, in the transaction.
+ */
+describe("leases are HOT updates", () => {
+  beforeAll(async () => {
+    await db.migrate();
+    // Payloads of ~100 bytes, as most outbox messages; inserted after the migration, as any backlog is.
+    await db.pool.query(
+      `INSERT INTO ${db.names.messages} (queue, payload)
+       SELECT 'q', jsonb_build_object('orderId', g, 'customer', 'customer-' || (g % 97), 'note', repeat('x', 48))
+       FROM generate_series(1, ${ROWS}) AS g`,
+    );
+  });
+
+  it("a fetch of 500 rows and their release write no index entry", async () => {
+    const fetch = fetchStatement(db.names, { synchronousCommit: false }, true);
+    const { release } = completeStatements(db.names, { synchronousCommit: false });
+    const client = await db.pool.connect();
+    try {
+      const token = randomUUID();
+      const [leasing, leased] = await counted(client, () =>
+        runQuery(client, fetch, {
+          queues: ["q"],
+          limit: 500,
+          token,
+          leaseTtlMs: 30_000,
+          workerId: WORKER_ID,
+        }),
+      );
+      expect(leased).toHaveLength(500);
+      expect(leasing).toEqual({ updated: 500, hot: 500 });
+      // In its own transaction, as a stopping worker sends it: the lease's old versions are dead by then,
+      // and pruning gives their room back.
+      const ids = leased.map((r) => r.id);
+      const tokens = ids.map(() => token);
+      const [releasing, released] = await counted(client, () => runQuery(client, release, { ids, tokens }));
+      expect(released).toHaveLength(500);
+      expect(releasing).toEqual({ updated: 500, hot: 500 });
+    } finally {
+      client.release();
+    }
+  });
+
+  it("a drain leases every page's rows at once, and every lease stays HOT", async () => {
+    // Batches of 500 over consecutive pages: each page's rows are all leased by one statement, so the
+    // page must hold a leased copy of each (the fillfactor's job), before any old version can be pruned.
+    const fetch = fetchStatement(db.names, { synchronousCommit: false }, true);
+    const { ack } = completeStatements(db.names, { synchronousCommit: false });
+    const client = await db.pool.connect();
+    let total = { updated: 0, hot: 0 };
+    try {
+      for (;;) {
+        const token = randomUUID();
+        const [counts, leased] = await counted(client, () =>
+          runQuery(client, fetch, {
+            queues: ["q"],
+            limit: 500,
+            token,
+            leaseTtlMs: 30_000,
+            workerId: WORKER_ID,
+          }),
+        );
+        total = { updated: total.updated + counts.updated, hot: total.hot + counts.hot };
+        if (leased.length === 0) break;
+        const ids = leased.map((r) => r.id);
+        const [done] = await runQuery(client, ack, { ids, tokens: ids.map(() => token) });
+        expect(done?.deleted).toBe(ids.length);
+      }
+    } finally {
+      client.release();
+    }
+    expect(total.updated).toBe(ROWS);
+    expect(total.hot).toBe(ROWS);
+  });
+});
