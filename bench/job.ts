@@ -74,7 +74,18 @@ export type JobSpec =
        */
       parked?: boolean;
     }
-  | { kind: "keyScale"; rows: number; keys: number; timed: number };
+  | { kind: "keyScale"; rows: number; keys: number; timed: number }
+  | {
+      kind: "steady";
+      peer: PeerName;
+      /** Messages a second, each in its own producer transaction, from 4 producer connections. */
+      rate: number;
+      seconds: number;
+      /** Server-wide autovacuum on for the run (ALTER SYSTEM, restored after); off: as the server has it. */
+      autovacuum: boolean;
+      /** Length of each sampled window. */
+      windowSeconds: number;
+    };
 
 export interface DrainResult {
   rate: number;
@@ -95,6 +106,23 @@ export interface DrainResult {
   partial?: number;
   /** What the drain cost Postgres (see bench/pg-cost.ts). */
   cost?: PgCost;
+}
+/** One window of a steady run: sizes at its end, pickup latency of the messages committed in it. */
+export interface SteadyWindow {
+  endS: number;
+  tableBytes: number;
+  indexBytes: number;
+  deadTuples: number;
+  p50: number;
+  p99: number;
+}
+export interface SteadyResult {
+  messages: number;
+  windows: SteadyWindow[];
+  cost: PgCost;
+  cpuNode: number;
+  cpuRest: number;
+  autovacuumRuns: number;
 }
 export interface LatencyResult {
   p50: number;
@@ -391,6 +419,111 @@ async function latency(spec: Extract<JobSpec, { kind: "latency" }>): Promise<Lat
     p99: percentile(lat, 99),
     max: Math.max(...lat),
   };
+}
+
+/**
+ * Steady traffic: producers commit `rate` single-message transactions a second for `seconds` while one
+ * worker (default options, concurrency 10) takes them. Each window reports the schema's table and index
+ * sizes and dead tuples at its end and the pickup latency (commit returned → handler start) of the
+ * messages committed in it: what bloat does to the table and to pickup over time, autovacuum off or on.
+ */
+async function steady(spec: Extract<JobSpec, { kind: "steady" }>): Promise<SteadyResult> {
+  const schema = `bench_steady_${spec.peer}`;
+  const peer = peerFor(spec.peer, schema, true);
+  await peer.setup();
+  const admin = new pg.Client({ connectionString: DATABASE_URL, application_name: "bench-steady" });
+  await admin.connect();
+  const wasOn = (await admin.query("SHOW autovacuum")).rows[0].autovacuum === "on";
+  const setAutovacuum = async (on: boolean) => {
+    await admin.query(`ALTER SYSTEM SET autovacuum = ${on ? "on" : "off"}`);
+    await admin.query("SELECT pg_reload_conf()");
+  };
+  if (spec.autovacuum !== wasOn) await setAutovacuum(spec.autovacuum);
+  try {
+    await admin.query("CHECKPOINT");
+    const vacuums = async () =>
+      Number(
+        (
+          await admin.query(
+            "SELECT COALESCE(sum(autovacuum_count), 0)::int AS n FROM pg_stat_user_tables WHERE schemaname = $1",
+            [schema],
+          )
+        ).rows[0].n,
+      );
+    const vacuums0 = await vacuums();
+    const started = new Map<number, number>();
+    const committed = new Map<number, number>();
+    await peer.startWorker({
+      concurrency: 10,
+      listen: true,
+      onJob: (p) => {
+        started.set(p.orderId, performance.now());
+      },
+    });
+    const meter = await pgCostMeter(schema);
+    const cpu = cpuMeter();
+    const producer = await peer.producer(4, "default");
+    const total = Math.round(spec.rate * spec.seconds);
+    const windows: SteadyWindow[] = [];
+    const inflight = new Set<Promise<void>>();
+    const t0 = performance.now();
+    let windowStart = 0;
+    let nextWindow = t0 + spec.windowSeconds * 1000;
+    for (let i = 0; i < total; i++) {
+      const wait = t0 + (i * 1000) / spec.rate - performance.now();
+      if (wait > 0) await sleep(wait);
+      const p: Promise<void> = producer.publish(i).then(() => {
+        committed.set(i, performance.now());
+        inflight.delete(p);
+      });
+      inflight.add(p);
+      if (performance.now() >= nextWindow || i === total - 1) {
+        const windowEnd = i + 1;
+        await Promise.all(inflight);
+        await until(() => started.size >= windowEnd, 60_000, 5);
+        const lat: number[] = [];
+        for (let n = windowStart; n < windowEnd; n++)
+          lat.push(Math.max(0, (started.get(n) ?? Number.NaN) - (committed.get(n) ?? Number.NaN)));
+        const size = (
+          await admin.query(
+            `SELECT COALESCE(sum(pg_relation_size(relid)), 0)::float8 AS t, COALESCE(sum(pg_indexes_size(relid)), 0)::float8 AS i,
+                    COALESCE(sum(n_dead_tup), 0)::float8 AS d
+             FROM pg_stat_user_tables WHERE schemaname = $1`,
+            [schema],
+          )
+        ).rows[0];
+        windows.push({
+          endS: (performance.now() - t0) / 1000,
+          tableBytes: size.t,
+          indexBytes: size.i,
+          deadTuples: size.d,
+          p50: percentile(lat, 50),
+          p99: percentile(lat, 99),
+        });
+        windowStart = windowEnd;
+        nextWindow += spec.windowSeconds * 1000;
+      }
+    }
+    await until(async () => (await peer.remaining()) === 0, 60_000, 5);
+    const used = cpu.stop();
+    await meter.endWal();
+    await peer.stopWorker();
+    await producer.close();
+    const cost = await meter.stop();
+    const autovacuumRuns = (await vacuums()) - vacuums0;
+    return {
+      messages: total,
+      windows,
+      cost,
+      cpuNode: (used.node * 1e6) / total,
+      cpuRest: (used.rest * 1e6) / total,
+      autovacuumRuns,
+    };
+  } finally {
+    if (spec.autovacuum !== wasOn) await setAutovacuum(wasOn);
+    await admin.end();
+    await peer.teardown();
+  }
 }
 
 async function producer(spec: Extract<JobSpec, { kind: "producer" }>): Promise<ProducerResult> {
@@ -809,7 +942,9 @@ const result =
             ? await hotKey(spec)
             : spec.kind === "keyScale"
               ? await keyScale(spec)
-              : await scale(spec);
+              : spec.kind === "steady"
+                ? await steady(spec)
+                : await scale(spec);
 process.stdout.write(`${RESULT_MARK}${JSON.stringify(result)}\n`);
 // Peers may leave timers behind (pg-boss maintenance, pools): the result is out, so leave now.
 process.exit(0);

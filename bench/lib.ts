@@ -131,7 +131,8 @@ export const RESULT_MARK = "BENCH_RESULT ";
  */
 export function runJob<T>(
   spec: object,
-  options: { timeoutMs?: number; nodeArgs?: string[]; script?: string } = {},
+  /** `cwd`: another checkout of this project to run the job from (its own bench/job.ts and src). */
+  options: { timeoutMs?: number; nodeArgs?: string[]; script?: string; cwd?: string } = {},
 ): Promise<T> {
   const timeoutMs = options.timeoutMs ?? 900_000;
   // A .mjs script runs under plain node; TypeScript under the tsx loader.
@@ -142,7 +143,7 @@ export function runJob<T>(
       process.execPath,
       [...(options.nodeArgs ?? []), ...loader, script, JSON.stringify(spec)],
       {
-        cwd: ROOT,
+        cwd: options.cwd ?? ROOT,
         stdio: ["ignore", "pipe", "inherit"],
         env: process.env,
       },

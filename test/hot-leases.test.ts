@@ -1,10 +1,12 @@
 import { randomUUID } from "node:crypto";
-import type pg from "pg";
+import pg from "pg";
 import { beforeAll, describe, expect, it } from "vitest";
+import { describeTableHealth, tableHealth } from "../src/inspect/table-health.js";
 import { completeStatements } from "../src/sql/complete.js";
 import { runQuery } from "../src/sql/executor.js";
 import { fetchStatement } from "../src/sql/fetch.js";
 import { testDatabase } from "./helpers/database.js";
+import { until } from "./helpers/worker.js";
 
 const db = testDatabase("hotlease");
 /** A Kubernetes pod name's length: the holder is written by every lease and makes the leased row larger. */
@@ -17,7 +19,7 @@ type Updates = { updated: number; hot: number };
  * Row updates of messages the session has counted and not yet reported: all of them, and the HOT ones.
  * Reported between transactions only, so a difference inside one transaction is that transaction's.
  */
-async function pendingUpdates(client: pg.PoolClient): Promise<Updates> {
+async function pendingUpdates(client: pg.ClientBase): Promise<Updates> {
   const { rows } = await client.query(
     `SELECT pg_stat_get_xact_tuples_updated($1::regclass)::int AS updated,
             pg_stat_get_xact_tuples_hot_updated($1::regclass)::int AS hot`,
@@ -27,7 +29,7 @@ async function pendingUpdates(client: pg.PoolClient): Promise<Updates> {
 }
 
 /** Runs `write` in a transaction on `client` → the row updates it made, and its result. */
-async function counted<T>(client: pg.PoolClient, write: () => Promise<T>): Promise<[Updates, T]> {
+async function counted<T>(client: pg.ClientBase, write: () => Promise<T>): Promise<[Updates, T]> {
   await client.query("BEGIN");
   try {
     const before = await pendingUpdates(client);
@@ -60,7 +62,9 @@ describe("leases are HOT updates", () => {
   it("a fetch of 500 rows and their release write no index entry", async () => {
     const fetch = fetchStatement(db.names, { synchronousCommit: false }, true);
     const { release } = completeStatements(db.names, { synchronousCommit: false });
-    const client = await db.pool.connect();
+    // A session of its own, ended after: a session reports its statistics when it ends (the last test reads them).
+    const client = new pg.Client({ connectionString: db.url });
+    await client.connect();
     try {
       const token = randomUUID();
       const [leasing, leased] = await counted(client, () =>
@@ -82,7 +86,7 @@ describe("leases are HOT updates", () => {
       expect(released).toHaveLength(500);
       expect(releasing).toEqual({ updated: 500, hot: 500 });
     } finally {
-      client.release();
+      await client.end();
     }
   });
 
@@ -91,7 +95,9 @@ describe("leases are HOT updates", () => {
     // page must hold a leased copy of each (the fillfactor's job), before any old version can be pruned.
     const fetch = fetchStatement(db.names, { synchronousCommit: false }, true);
     const { ack } = completeStatements(db.names, { synchronousCommit: false });
-    const client = await db.pool.connect();
+    // A session of its own, ended after: a session reports its statistics when it ends (the last test reads them).
+    const client = new pg.Client({ connectionString: db.url });
+    await client.connect();
     let total = { updated: 0, hot: 0 };
     try {
       for (;;) {
@@ -112,9 +118,24 @@ describe("leases are HOT updates", () => {
         expect(done?.deleted).toBe(ids.length);
       }
     } finally {
-      client.release();
+      await client.end();
     }
     expect(total.updated).toBe(ROWS);
     expect(total.hot).toBe(ROWS);
+  });
+
+  it("status tells how many of the table's updates were HOT", async () => {
+    // The sessions report their counts between transactions (within seconds when idle).
+    let health = await tableHealth(db.pool, db.schema);
+    await until(async () => {
+      health = await tableHealth(db.pool, db.schema);
+      return (health?.updates ?? 0) >= ROWS + 500;
+    }, "the drain's updates in the statistics");
+    expect(health?.hot_updates).toBe(health?.updates);
+    expect(describeTableHealth(health as NonNullable<typeof health>)).toMatch(
+      /, 100 % of [\d,]+ updates HOT$/,
+    );
+    const some = { ...(health as NonNullable<typeof health>), updates: 2000, hot_updates: 1500 };
+    expect(describeTableHealth(some)).toMatch(/, 75 % of 2,000 updates HOT$/);
   });
 });

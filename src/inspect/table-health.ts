@@ -14,12 +14,20 @@ export async function tableHealth(db: Executor, schema: string): Promise<TableHe
   return row;
 }
 
-/** One line for people: "messages: 12,034 dead tuples, 3 live, 2.1 MB, last autovacuum 40 s ago". */
+/**
+ * One line for people: "messages table: 12,034 dead tuples, 3 live, 2.1 MB, last vacuum 40 s ago,
+ * autovacuum on, 99 % of 52,000 updates HOT".
+ */
 export function describeTableHealth(health: TableHealth, now = Date.now()): string {
   const last = health.last_autovacuum ?? health.last_vacuum;
   const vacuum = last ? `last vacuum ${ago(now - last.getTime())} ago` : "never vacuumed";
   const state = health.autovacuum_enabled ? "autovacuum on" : "AUTOVACUUM OFF";
-  return `messages table: ${Math.round(health.dead_tuples).toLocaleString("en-US")} dead tuples, ${Math.round(health.live_tuples).toLocaleString("en-US")} live, ${bytes(health.total_bytes)}, ${vacuum}, ${state}`;
+  // Leases are meant to be HOT updates (no index entry): a low share means pages without room for them.
+  const hot =
+    health.updates > 0
+      ? `, ${Math.floor((100 * health.hot_updates) / health.updates)} % of ${Math.round(health.updates).toLocaleString("en-US")} updates HOT`
+      : "";
+  return `messages table: ${Math.round(health.dead_tuples).toLocaleString("en-US")} dead tuples, ${Math.round(health.live_tuples).toLocaleString("en-US")} live, ${bytes(health.total_bytes)}, ${vacuum}, ${state}${hot}`;
 }
 
 function ago(ms: number): string {
