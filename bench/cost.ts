@@ -115,7 +115,57 @@ for (const s of chosen) {
   const hot = median(cost((k) => k.hotUpdates));
   const upd = median(cost((k) => k.updates));
   out.push(
-    `| ${s.label} | ${mr(c((r) => r.rate))} | ${mr(per(cost((k) => k.walBytes), rows))} | ${fmt(median(per(cost((k) => k.fpiBytes), rows)))} | ${mr(c((r) => r.cpuRest), 1)} | ${mr(c((r) => r.cpuNode), 1)} | ${upd > 0 ? `${fmt(hot)} / ${fmt(upd)}` : "no updates"} | ${fmt(median(per(cost((k) => k.deadTuples), rows)), 2)} | ${fmt(median(per(cost((k) => k.heapPagesRead), rows)), 2)} | ${fmt(median(per(cost((k) => k.indexPagesRead), rows)), 2)} | ${fmt(median(per(cost((k) => k.indexPagesWritten), rows / 1000)), 1)} |`,
+    `| ${s.label} | ${mr(c((r) => r.rate))} | ${mr(
+      per(
+        cost((k) => k.walBytes),
+        rows,
+      ),
+    )} | ${fmt(
+      median(
+        per(
+          cost((k) => k.fpiBytes),
+          rows,
+        ),
+      ),
+    )} | ${mr(
+      c((r) => r.cpuRest),
+      1,
+    )} | ${mr(
+      c((r) => r.cpuNode),
+      1,
+    )} | ${upd > 0 ? `${fmt(hot)} / ${fmt(upd)}` : "no updates"} | ${fmt(
+      median(
+        per(
+          cost((k) => k.deadTuples),
+          rows,
+        ),
+      ),
+      2,
+    )} | ${fmt(
+      median(
+        per(
+          cost((k) => k.heapPagesRead),
+          rows,
+        ),
+      ),
+      2,
+    )} | ${fmt(
+      median(
+        per(
+          cost((k) => k.indexPagesRead),
+          rows,
+        ),
+      ),
+      2,
+    )} | ${fmt(
+      median(
+        per(
+          cost((k) => k.indexPagesWritten),
+          rows / 1000,
+        ),
+      ),
+      1,
+    )} |`,
   );
 }
 const med = (key: string, f: (r: DrainResult) => number) => median((results.get(key) ?? []).map(f));
@@ -170,7 +220,8 @@ if (steadyMinutes > 0) {
       const last = r.windows[r.windows.length - 1];
       const mb = (w?: { tableBytes: number; indexBytes: number }) =>
         w ? ((w.tableBytes + w.indexBytes) / 1024 / 1024).toFixed(1) : "–";
-      const name = p.key === "before" ? "pg-outbox-worker before" : (all.find((s) => s.key === p.key)?.label ?? p.key);
+      const name =
+        p.key === "before" ? "pg-outbox-worker before" : (all.find((s) => s.key === p.key)?.label ?? p.key);
       out.push(
         `| ${name} | ${av ? "on" : "off"} | ${mb(first)} | ${mb(last)} | ${fmt(last?.deadTuples ?? Number.NaN)} | ${first?.p50.toFixed(1)} / ${first?.p99.toFixed(1)} | ${last?.p50.toFixed(1)} / ${last?.p99.toFixed(1)} | ${fmt(r.cost.walBytes / r.messages)} | ${r.cpuRest.toFixed(1)} | ${r.autovacuumRuns} |`,
       );

@@ -182,7 +182,9 @@ try {
   const seconds = (migrateEnd - migrateStart) / 1000;
   const committed = during.filter((c) => c.end <= migrateEnd).length;
   const last = Math.max(...phases.map((p) => p.version));
-  const each = phases.map((p, i) => `${String(p.version).padStart(4, "0")} ${fmt(p.at - (phases[i - 1]?.at ?? migrateStart))} ms`);
+  const each = phases.map(
+    (p, i) => `${String(p.version).padStart(4, "0")} ${fmt(p.at - (phases[i - 1]?.at ?? migrateStart))} ms`,
+  );
   console.log(`\nupgrade ${FROM} → ${last}: ${fmt(seconds, 1)} s (${each.join(", ")})`);
   for (const s of statements) {
     if (s.last - s.first >= 100) console.log(`  ~${fmt((s.last - s.first) / 1000, 1)} s  ${s.label}`);
