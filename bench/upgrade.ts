@@ -178,7 +178,6 @@ try {
   const during = all.filter((c) => c.end >= migrateStart && c.start <= migrateEnd);
   const latencies = during.map((c) => c.end - c.start);
   const before = all.filter((c) => c.end < migrateStart && c.start >= migrateStart - 2_000);
-  const at = (version: number) => phases.find((p) => p.version === version)?.at ?? migrateEnd;
   const seconds = (migrateEnd - migrateStart) / 1000;
   const committed = during.filter((c) => c.end <= migrateEnd).length;
   const last = Math.max(...phases.map((p) => p.version));
