@@ -101,93 +101,98 @@ for (let r = 0; r < runs; r++) {
 const per = (xs: number[], n: number) => xs.map((x) => x / n);
 const mr = (xs: number[], digits = 0) => `${fmt(median(xs), digits)} (${range(xs, digits)})`;
 const out: string[] = [];
-out.push(
-  `Drain of ${fmt(rows)} rows, ${runs} runs each, median (range). Per delivered message: WAL bytes (of which full-page images), Postgres CPU µs (the machine minus the worker process), worker CPU µs, dead tuples left, heap and index pages read; HOT = HOT updates ÷ updates; index pages written = distinct index pages in the drain's WAL, per 1,000 messages.`,
-  "",
-  "| system | rows/s | WAL B/msg | of which FPI | Postgres CPU µs/msg | worker CPU µs/msg | HOT / updates | dead tuples/msg | heap pages read/msg | index pages read/msg | index pages written /1k msg |",
-  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-);
-for (const s of chosen) {
-  const rs = results.get(s.key) ?? [];
-  const c = (f: (r: DrainResult) => number) => rs.map(f);
-  const cost = (f: (k: NonNullable<DrainResult["cost"]>) => number) =>
-    rs.map((r) => (r.cost ? f(r.cost) : Number.NaN));
-  const hot = median(cost((k) => k.hotUpdates));
-  const upd = median(cost((k) => k.updates));
+// --runs 0: the steady runs alone.
+if (runs > 0) drainTables();
+
+function drainTables(): void {
   out.push(
-    `| ${s.label} | ${mr(c((r) => r.rate))} | ${mr(
-      per(
-        cost((k) => k.walBytes),
-        rows,
-      ),
-    )} | ${fmt(
-      median(
-        per(
-          cost((k) => k.fpiBytes),
-          rows,
-        ),
-      ),
-    )} | ${mr(
-      c((r) => r.cpuRest),
-      1,
-    )} | ${mr(
-      c((r) => r.cpuNode),
-      1,
-    )} | ${upd > 0 ? `${fmt(hot)} / ${fmt(upd)}` : "no updates"} | ${fmt(
-      median(
-        per(
-          cost((k) => k.deadTuples),
-          rows,
-        ),
-      ),
-      2,
-    )} | ${fmt(
-      median(
-        per(
-          cost((k) => k.heapPagesRead),
-          rows,
-        ),
-      ),
-      2,
-    )} | ${fmt(
-      median(
-        per(
-          cost((k) => k.indexPagesRead),
-          rows,
-        ),
-      ),
-      2,
-    )} | ${fmt(
-      median(
-        per(
-          cost((k) => k.indexPagesWritten),
-          rows / 1000,
-        ),
-      ),
-      1,
-    )} |`,
-  );
-}
-const med = (key: string, f: (r: DrainResult) => number) => median((results.get(key) ?? []).map(f));
-const wal = (k: string) => med(k, (r) => (r.cost?.walBytes ?? Number.NaN) / rows);
-if (results.has("outbox") && results.has("floor")) {
-  const ceiling = Math.max(
-    med("floor", (r) => r.rate),
-    results.has("floor2") ? med("floor2", (r) => r.rate) : 0,
-  );
-  out.push(
+    `Drain of ${fmt(rows)} rows, ${runs} runs each, median (range). Per delivered message: WAL bytes (of which full-page images), Postgres CPU µs (the machine minus the worker process), worker CPU µs, dead tuples left, heap and index pages read; HOT = HOT updates ÷ updates; index pages written = distinct index pages in the drain's WAL, per 1,000 messages.`,
     "",
-    `WAL ÷ floor: ${(wal("outbox") / wal("floor")).toFixed(2)}×${results.has("before") ? ` (before: ${(wal("before") / wal("floor")).toFixed(2)}×)` : ""}; drain ÷ one-statement ceiling (faster of 1 and 2 connections): ${(med("outbox", (r) => r.rate) / ceiling).toFixed(2)}×${results.has("before") ? ` (before: ${(med("before", (r) => r.rate) / ceiling).toFixed(2)}×)` : ""}.`,
+    "| system | rows/s | WAL B/msg | of which FPI | Postgres CPU µs/msg | worker CPU µs/msg | HOT / updates | dead tuples/msg | heap pages read/msg | index pages read/msg | index pages written /1k msg |",
+    "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
   );
+  for (const s of chosen) {
+    const rs = results.get(s.key) ?? [];
+    const c = (f: (r: DrainResult) => number) => rs.map(f);
+    const cost = (f: (k: NonNullable<DrainResult["cost"]>) => number) =>
+      rs.map((r) => (r.cost ? f(r.cost) : Number.NaN));
+    const hot = median(cost((k) => k.hotUpdates));
+    const upd = median(cost((k) => k.updates));
+    out.push(
+      `| ${s.label} | ${mr(c((r) => r.rate))} | ${mr(
+        per(
+          cost((k) => k.walBytes),
+          rows,
+        ),
+      )} | ${fmt(
+        median(
+          per(
+            cost((k) => k.fpiBytes),
+            rows,
+          ),
+        ),
+      )} | ${mr(
+        c((r) => r.cpuRest),
+        1,
+      )} | ${mr(
+        c((r) => r.cpuNode),
+        1,
+      )} | ${upd > 0 ? `${fmt(hot)} / ${fmt(upd)}` : "no updates"} | ${fmt(
+        median(
+          per(
+            cost((k) => k.deadTuples),
+            rows,
+          ),
+        ),
+        2,
+      )} | ${fmt(
+        median(
+          per(
+            cost((k) => k.heapPagesRead),
+            rows,
+          ),
+        ),
+        2,
+      )} | ${fmt(
+        median(
+          per(
+            cost((k) => k.indexPagesRead),
+            rows,
+          ),
+        ),
+        2,
+      )} | ${fmt(
+        median(
+          per(
+            cost((k) => k.indexPagesWritten),
+            rows / 1000,
+          ),
+        ),
+        1,
+      )} |`,
+    );
+  }
+  const med = (key: string, f: (r: DrainResult) => number) => median((results.get(key) ?? []).map(f));
+  const wal = (k: string) => med(k, (r) => (r.cost?.walBytes ?? Number.NaN) / rows);
+  if (results.has("outbox") && results.has("floor")) {
+    const ceiling = Math.max(
+      med("floor", (r) => r.rate),
+      results.has("floor2") ? med("floor2", (r) => r.rate) : 0,
+    );
+    out.push(
+      "",
+      `WAL ÷ floor: ${(wal("outbox") / wal("floor")).toFixed(2)}×${results.has("before") ? ` (before: ${(wal("before") / wal("floor")).toFixed(2)}×)` : ""}; drain ÷ one-statement ceiling (faster of 1 and 2 connections): ${(med("outbox", (r) => r.rate) / ceiling).toFixed(2)}×${results.has("before") ? ` (before: ${(med("before", (r) => r.rate) / ceiling).toFixed(2)}×)` : ""}.`,
+    );
+  }
+  if (results.has("outbox") && results.has("graphile"))
+    out.push(
+      `Drain ÷ graphile-worker: ${(med("outbox", (r) => r.rate) / med("graphile", (r) => r.rate)).toFixed(2)}×.`,
+    );
+  if (results.has("outbox") && results.has("outbox-keyed"))
+    out.push(
+      `Ordered ÷ keyless: ${(med("outbox-keyed", (r) => r.rate) / med("outbox", (r) => r.rate)).toFixed(2)}×${results.has("before-keyed") ? ` (before: ${(med("before-keyed", (r) => r.rate) / med("before", (r) => r.rate)).toFixed(2)}×)` : ""}.`,
+    );
 }
-if (results.has("outbox") && results.has("graphile"))
-  out.push(
-    `Drain ÷ graphile-worker: ${(med("outbox", (r) => r.rate) / med("graphile", (r) => r.rate)).toFixed(2)}×.`,
-  );
-if (results.has("outbox") && results.has("outbox-keyed"))
-  out.push(
-    `Ordered ÷ keyless: ${(med("outbox-keyed", (r) => r.rate) / med("outbox", (r) => r.rate)).toFixed(2)}×${results.has("before-keyed") ? ` (before: ${(med("before-keyed", (r) => r.rate) / med("before", (r) => r.rate)).toFixed(2)}×)` : ""}.`,
-  );
 
 if (steadyMinutes > 0) {
   const peers: { key: string; peer: PeerName; cwd?: string }[] = [

@@ -623,7 +623,7 @@ async function explainStatements(
       const ids = `{${leased.map((r) => r.id).join(",")}}`;
       const tokens = `{${leased.map(() => token).join(",")}}`;
       const explained: [string, Plan, string[]][] = [
-        ["fetch", fetchPlan, ["messages_head_ready_idx", "messages_leased_idx", "messages_pkey"]],
+        ["fetch", fetchPlan, ["messages_due_idx", "messages_pkey"]],
       ];
       if (!keyed) {
         const ack = await client.query(`EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE ack('${ids}', '${tokens}')`);

@@ -111,35 +111,17 @@ export async function pgCostMeter(schema: string): Promise<PgCostMeter> {
         let fpiBytes = 0;
         let indexPagesWritten = -1;
         const walByKind: Record<string, number> = {};
+        // The WAL of a long run may be recycled already (checkpoints remove old segments): then only the
+        // LSN difference is known.
         if (walinspect) {
-          // Asynchronous commits: pg_walinspect reads WAL already flushed only (the WAL writer flushes
-          // within wal_writer_delay); a CHECKPOINT would add WAL of its own.
-          await until(
-            async () =>
-              (await client.query("SELECT pg_current_wal_flush_lsn() >= $1::pg_lsn AS ok", [lsn1])).rows[0]
-                .ok as boolean,
-            10_000,
-            50,
-          );
-          const stats = await client.query(
-            `SELECT "resource_manager/record_type" AS kind, combined_size::float8 AS bytes, fpi_size::float8 AS fpi
-             FROM pg_get_wal_stats($1::pg_lsn, $2::pg_lsn) WHERE count > 0`,
-            [lsn0, lsn1],
-          );
-          for (const r of stats.rows) {
-            walByKind[r.kind] = r.bytes;
-            fpiBytes += r.fpi;
+          try {
+            const wal = await walBreakdown(client, schema, lsn0, lsn1);
+            fpiBytes = wal.fpiBytes;
+            indexPagesWritten = wal.indexPagesWritten;
+            Object.assign(walByKind, wal.walByKind);
+          } catch {
+            fpiBytes = -1;
           }
-          const pages = await client.query(
-            `SELECT count(DISTINCT (b[1], b[2]))::int AS n
-             FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn) AS r
-             CROSS JOIN LATERAL regexp_matches(r.block_ref, 'rel \\d+/\\d+/(\\d+)(?: fork \\w+)? blk (\\d+)', 'g') AS b
-             WHERE r.resource_manager = 'Btree'
-               AND b[1]::oid IN (SELECT c.relfilenode FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
-                                 WHERE n.nspname = $3 AND c.relkind = 'i')`,
-            [lsn0, lsn1, schema],
-          );
-          indexPagesWritten = pages.rows[0].n;
         }
         return {
           walBytes,
@@ -161,4 +143,42 @@ export async function pgCostMeter(schema: string): Promise<PgCostMeter> {
       }
     },
   };
+}
+
+async function walBreakdown(
+  client: pg.Client,
+  schema: string,
+  lsn0: string,
+  lsn1: string,
+): Promise<{ fpiBytes: number; indexPagesWritten: number; walByKind: Record<string, number> }> {
+  // Asynchronous commits: pg_walinspect reads WAL already flushed only (the WAL writer flushes within
+  // wal_writer_delay); a CHECKPOINT would add WAL of its own.
+  await until(
+    async () =>
+      (await client.query("SELECT pg_current_wal_flush_lsn() >= $1::pg_lsn AS ok", [lsn1])).rows[0]
+        .ok as boolean,
+    10_000,
+    50,
+  );
+  const walByKind: Record<string, number> = {};
+  let fpiBytes = 0;
+  const stats = await client.query(
+    `SELECT "resource_manager/record_type" AS kind, combined_size::float8 AS bytes, fpi_size::float8 AS fpi
+     FROM pg_get_wal_stats($1::pg_lsn, $2::pg_lsn) WHERE count > 0`,
+    [lsn0, lsn1],
+  );
+  for (const r of stats.rows) {
+    walByKind[r.kind] = r.bytes;
+    fpiBytes += r.fpi;
+  }
+  const pages = await client.query(
+    `SELECT count(DISTINCT (b[1], b[2]))::int AS n
+     FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn) AS r
+     CROSS JOIN LATERAL regexp_matches(r.block_ref, 'rel \\d+/\\d+/(\\d+)(?: fork \\w+)? blk (\\d+)', 'g') AS b
+     WHERE r.resource_manager = 'Btree'
+       AND b[1]::oid IN (SELECT c.relfilenode FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+                         WHERE n.nspname = $3 AND c.relkind = 'i')`,
+    [lsn0, lsn1, schema],
+  );
+  return { fpiBytes, indexPagesWritten: pages.rows[0].n, walByKind };
 }

@@ -844,7 +844,7 @@ async function orderingSection() {
   say();
   say(
     `Command: \`${command}\`. Rows with a key are leased only while they head their (queue, key): the fetch reads ` +
-      "`messages_head_ready_idx` (heads only), and an ack or dead-letter move of a head promotes the oldest row " +
+      "`messages_due_idx` (heads only), and an ack or dead-letter move of a head promotes the oldest row " +
       "left of its key, leasing it to the same worker when it has room (a hand-off), in one call of the " +
       "`ack_key_heads` function, which tries the key's advisory lock. Keyed fills write the rows in one " +
       "statement with `head` set as the key-head trigger sets it (trigger disabled for the fill: one statement " +
@@ -989,11 +989,11 @@ async function orderingSection() {
   );
   const hotFetchPlans = hot.flatMap((h) => h.plans.filter((p) => p.statement === "fetch"));
   const bounded = hotFetchPlans.every(
-    (p) => p.ok && p.scans.includes("messages_head_ready_idx") && !/Seq Scan/.test(p.scans),
+    (p) => p.ok && p.scans.includes("messages_due_idx") && !/Seq Scan/.test(p.scans),
   );
   const violations = Math.max(...[...hot, ...parkedHot, ...cold].map((h) => h.orderViolations));
   targets.push({
-    what: `hot key (${fmt(O.hotRows)} rows) + ${fmt(O.keys)} keys: fetch index-bounded (messages_head_ready_idx, no Seq Scan, every run, custom and generic) and the other keys drain at full speed (≥ 0.9× the same table with the hot key's rows parked in a queue no worker serves; ÷ a table without them: reported), hot key one at a time in order`,
+    what: `hot key (${fmt(O.hotRows)} rows) + ${fmt(O.keys)} keys: fetch index-bounded (messages_due_idx, no Seq Scan, every run, custom and generic) and the other keys drain at full speed (≥ 0.9× the same table with the hot key's rows parked in a queue no worker serves; ÷ a table without them: reported), hot key one at a time in order`,
     measured: `${hotFetchPlans.filter((p) => p.ok).length} of ${hotFetchPlans.length} fetch plans index-only; ${sameTable.text} (÷ no hot-key rows: ${speed.text}); ${violations} order violations`,
     holds: bounded && sameTable.value >= 0.9 && violations === 0,
   });

@@ -98,9 +98,10 @@ RETURNING id, payload`,
 };
 const txSelect = {
   name: "tx_select",
-  text: `SELECT id::text AS id, payload::text AS payload FROM ${m}
-  WHERE queue = $1 AND acquired_token IS NULL AND head AND available_at <= now()
-  ORDER BY available_at, id LIMIT $2 FOR UPDATE SKIP LOCKED`,
+  // Ordered by the column, not the text alias of the same name (that sorted the whole table).
+  text: `SELECT m.id::text AS id, m.payload::text AS payload FROM ${m} AS m
+  WHERE m.queue = $1 AND m.acquired_token IS NULL AND m.head AND m.available_at <= now()
+  ORDER BY m.available_at, m.id LIMIT $2 FOR UPDATE SKIP LOCKED`,
 };
 
 const lsn0 = (await admin.query<{ l: string }>("SELECT pg_current_wal_lsn()::text AS l")).rows[0]?.l;
