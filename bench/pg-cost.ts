@@ -11,14 +11,8 @@
 import pg from "pg";
 import { DATABASE_URL, until } from "./lib.js";
 
-export interface PgCost {
-  walBytes: number;
-  /** Full-page images within walBytes (the first change of each page after a checkpoint). */
-  fpiBytes: number;
-  /** WAL bytes by resource manager (Heap, Heap2, Btree, …), records and images; empty without pg_walinspect. */
-  walByKind: Record<string, number>;
-  /** Distinct index pages changed by the WAL of the schema's indexes (-1 without pg_walinspect). */
-  indexPagesWritten: number;
+/** The schema's counters; in a {@link PgCost}, row and page counts are those of the window. */
+interface Counters {
   updates: number;
   hotUpdates: number;
   deletes: number;
@@ -33,16 +27,14 @@ export interface PgCost {
   indexBytes: number;
 }
 
-interface Counters {
-  updates: number;
-  hotUpdates: number;
-  deletes: number;
-  inserts: number;
-  deadTuples: number;
-  heapPagesRead: number;
-  indexPagesRead: number;
-  tableBytes: number;
-  indexBytes: number;
+export interface PgCost extends Counters {
+  walBytes: number;
+  /** Full-page images within walBytes (the first change of each page after a checkpoint; -1: WAL recycled). */
+  fpiBytes: number;
+  /** WAL bytes by resource manager (Heap, Heap2, Btree, …), records and images; empty without pg_walinspect. */
+  walByKind: Record<string, number>;
+  /** Distinct index pages changed by the WAL of the schema's indexes (-1 without pg_walinspect). */
+  indexPagesWritten: number;
 }
 
 async function counters(client: pg.Client, schema: string): Promise<Counters> {
