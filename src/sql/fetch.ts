@@ -63,9 +63,9 @@ const DUE = "(acquired_token IS NULL OR (lease_expires_at <= now() AND acquired_
  * Each queue's scan walks its due index (messages_due_idx) oldest first through LATERAL, so the cost
  * follows the batch size and the rows in flight, not the backlog: leases are taken oldest first, so the
  * live ones sit at the front of the range and are stepped over on the heap; an expired one is taken where
- * it stands, in order. SKIP LOCKED lets concurrent workers take disjoint rows without waiting on each other. The picked ids come
- * back as an array so the UPDATE finds them by primary key: joining the CTE instead lets a generic plan
- * choose a hash join over a full scan of the table.
+ * it stands, in order. SKIP LOCKED lets concurrent workers take disjoint rows without waiting on each
+ * other. The picked ids come back as an array so the UPDATE finds them by primary key: joining the CTE
+ * instead lets a generic plan choose a hash join over a full scan of the table.
  *
  * Bytes: the picked rows end at a running sum of their stored payload sizes (`maxBytes`), so one fetch of
  * 1 MB rows never asks the driver for 500 MB; reading the size is cheap, converting jsonb to text is not.

@@ -78,17 +78,18 @@ export interface StaleQueuesParams {
   olderThanMs: number;
 }
 
+/** How many of a queue's oldest rows the lease check reads at most. */
+const LEASE_CHECK_ROWS = 1000;
+
 /**
  * The queues whose oldest ready message has waited longer than `olderThanMs`, each with whether a live
  * lease shows a worker taking from it. Index lookups only, a few per queue with ready rows: the queues
  * are walked through the due index (a skip scan, one probe per queue), each one's oldest ready row is the
  * first unleased entry of its range there, and the lease check reads the first LEASE_CHECK_ROWS entries.
  * Workers lease oldest first, so a worker's leases sit in front of the oldest row it has not taken: the
- * first read steps over the rows in flight only, and the check finds a live lease among them. It never counts the backlog, so it costs the same at 10 rows or 10 million.
+ * first read steps over the rows in flight only, and the check finds a live lease among them. It never
+ * counts the backlog, so it costs the same at 10 rows or 10 million.
  */
-/** How many of a queue's oldest rows the lease check reads at most. */
-const LEASE_CHECK_ROWS = 1000;
-
 export function staleQueuesStatement(names: OutboxNames): Query<StaleQueuesParams, StaleQueueRow> {
   return defineQuery(
     "stale_queues",
@@ -107,7 +108,7 @@ SELECT q.queue, extract(epoch FROM now() - r.available_at)::float8 AS oldest_rea
                        ORDER BY l.available_at, l.id LIMIT ${LEASE_CHECK_ROWS}) AS f), false) AS leased
 FROM queues AS q
 CROSS JOIN LATERAL (
-  SELECT m.available_at, m.id FROM ${names.messages} AS m
+  SELECT m.available_at FROM ${names.messages} AS m
   WHERE m.queue = q.queue AND m.acquired_token IS NULL AND m.head
   ORDER BY m.available_at, m.id LIMIT 1
 ) AS r
