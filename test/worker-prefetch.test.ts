@@ -10,6 +10,15 @@ const outbox = publisherFor(db.schema);
 const workers = workerFactory(db);
 beforeAll(() => db.migrate());
 
+/** Rows of `queue` left: each test waits on its own queue, so one that failed leaves the next unaffected. */
+async function left(queue: string): Promise<number> {
+  const { rows } = await db.pool.query<{ n: number }>(
+    `SELECT count(*)::int AS n FROM ${db.names.messages} WHERE queue = $1`,
+    [queue],
+  );
+  return rows[0]?.n ?? 0;
+}
+
 async function leasedBy(): Promise<Record<string, number>> {
   const { rows } = await db.pool.query<{ by: string; n: number }>(
     `SELECT acquired_by AS by, count(*)::int AS n FROM ${db.names.messages} WHERE acquired_token IS NOT NULL GROUP BY 1`,
@@ -23,36 +32,27 @@ describe("prefetch with slow handlers", () => {
       outbox.publishMany(
         c,
         "slow",
-        Array.from({ length: 24 }, (_, i) => ({ payload: { i } })),
+        Array.from({ length: 20 }, (_, i) => ({ payload: { i } })),
       ),
     );
     const handler = (ms: number) => () => new Promise<void>((resolve) => setTimeout(resolve, ms));
-    // A second per handler: rows a worker keeps ahead grow with its fetch's round trip over the handler's
-    // time, and a busy machine's round trips must not make that more than one.
-    const a = await workers.start({ workerId: "a", concurrency: 4, queues: { slow: handler(1000) } });
+    // Three seconds per handler: rows a worker keeps ahead grow with its fetch's round trip over the
+    // handler's time (4 × (2 × fetch + 1 ms) / handler), and a CI run's round trips (500 ms seen with the
+    // whole suite on 2 cores) must not make that more than two.
+    const a = await workers.start({ workerId: "a", concurrency: 4, queues: { slow: handler(3000) } });
     // Let a's first handlers finish, so it knows how long they take.
-    await until(
-      async () =>
-        (await db.pool.query(`SELECT count(*)::int AS n FROM ${db.names.messages}`)).rows[0].n <= 20,
-      "a's first handlers done",
-      60_000,
-    );
+    await until(async () => (await left("slow")) <= 16, "a's first handlers done", 60_000);
     await until(() => a.held >= 4, "a busy again");
     const heldByA = a.held;
 
-    const b = await workers.start({ workerId: "b", concurrency: 4, queues: { slow: handler(1000) } });
+    const b = await workers.start({ workerId: "b", concurrency: 4, queues: { slow: handler(3000) } });
     await until(() => b.held >= 4, "b got rows while a was busy");
     const leases = await leasedBy();
     // a: its 4 running handlers plus at most a couple queued; never the whole backlog.
     expect(heldByA).toBeLessThanOrEqual(4 + 2);
     expect(leases.a ?? 0).toBeLessThanOrEqual(4 + 2);
     expect(leases.b ?? 0).toBeGreaterThanOrEqual(4);
-    await until(
-      async () =>
-        (await db.pool.query(`SELECT count(*)::int AS n FROM ${db.names.messages}`)).rows[0].n === 0,
-      "all delivered",
-      60_000,
-    );
+    await until(async () => (await left("slow")) === 0, "all delivered", 60_000);
   });
 
   it("a fresh worker does not lease the whole backlog before its first handler finished", async () => {
@@ -78,11 +78,6 @@ describe("prefetch with slow handlers", () => {
     // Its 3 running handlers and one loop's worth queued (no handler has finished yet), of 30 ready rows.
     expect([before, after]).toEqual([6, 6]);
     release();
-    await until(
-      async () =>
-        (await db.pool.query(`SELECT count(*)::int AS n FROM ${db.names.messages}`)).rows[0].n === 0,
-      "all delivered",
-      60_000,
-    );
+    await until(async () => (await left("fresh")) === 0, "all delivered", 60_000);
   });
 });
