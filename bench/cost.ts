@@ -8,11 +8,16 @@
  * `--runs` runs interleaved, medians. Steady: `--steady-rate` messages a second for `--steady-minutes`
  * minutes, autovacuum off and on, table and index sizes and pickup latency at the start and the end.
  *
+ * Pickup and producers (`--pickup-runs N`, needs `--before`): pickup latency with LISTEN and poll-only,
+ * and producer transactions a second beside the unnamed INSERT, this checkout against the older one,
+ * interleaved: what the change costs the paths that neither drain nor steady traffic measures.
+ *
  *   npx tsx bench/cost.ts --runs 3 [--before /path/to/older/checkout] [--steady-minutes 10] [--systems outbox,graphile]
+ *   npx tsx bench/cost.ts --runs 0 --pickup-runs 3 --before /path/to/older/checkout
  *
  * Prints markdown. Each job starts only on an idle machine (< 0.25 CPU-seconds a second).
  */
-import type { DrainResult, JobSpec, PeerName, SteadyResult } from "./job.js";
+import type { DrainResult, JobSpec, LatencyResult, PeerName, ProducerResult, SteadyResult } from "./job.js";
 import { arg, fmt, machineCpuSeconds, median, range, runJob, sleep } from "./lib.js";
 
 const runs = Number(arg("runs", "3"));
@@ -20,6 +25,7 @@ const rows = Number(arg("rows", "50000"));
 const before = arg("before", "");
 const steadyMinutes = Number(arg("steady-minutes", "0"));
 const steadyRate = Number(arg("steady-rate", "500"));
+const pickupRuns = Number(arg("pickup-runs", "0"));
 const systems = arg("systems", "outbox,outbox-keyed,graphile,pgboss,floor,lease-ack").split(",");
 const KEYS = 10_000;
 
@@ -231,6 +237,63 @@ if (steadyMinutes > 0) {
         `| ${name} | ${av ? "on" : "off"} | ${mb(first)} | ${mb(last)} | ${fmt(last?.deadTuples ?? Number.NaN)} | ${first?.p50.toFixed(1)} / ${first?.p99.toFixed(1)} | ${last?.p50.toFixed(1)} / ${last?.p99.toFixed(1)} | ${fmt(r.cost.walBytes / r.messages)} | ${r.cpuRest.toFixed(1)} | ${r.autovacuumRuns} |`,
       );
     }
+  }
+}
+if (pickupRuns > 0 && before) await pickupAndProducers();
+
+/** Pickup latency (LISTEN, poll-only) and producer rates, this checkout beside `--before`, interleaved. */
+async function pickupAndProducers(): Promise<void> {
+  const checkouts = [
+    { name: "before", cwd: before },
+    { name: "after", cwd: undefined },
+  ];
+  const latency = new Map<string, LatencyResult[]>();
+  const producers = new Map<string, ProducerResult[]>();
+  const modes = ["plainUnnamed", "default", "keyed"] as const;
+  const add = <T>(m: Map<string, T[]>, k: string, v: T) => m.set(k, [...(m.get(k) ?? []), v]);
+  for (let r = 0; r < pickupRuns; r++) {
+    for (const c of checkouts) {
+      for (const listen of [true, false])
+        add(
+          latency,
+          `${c.name}:${listen}`,
+          await job<LatencyResult>({ kind: "latency", peer: "outbox", listen, rate: 200, seconds: 10 }, c.cwd),
+        );
+      for (const mode of modes)
+        add(
+          producers,
+          `${c.name}:${mode}`,
+          await job<ProducerResult>({ kind: "producer", peer: "outbox", mode, clients: 8, seconds: 10 }, c.cwd),
+        );
+    }
+  }
+  const ms = (xs: number[]) => `${median(xs).toFixed(1)} (${range(xs, 1)})`;
+  out.push(
+    "",
+    `Pickup latency, 200 msg/s for 10 s from a pool of 4, one worker at defaults (concurrency 10), commit returned → handler start, ms; ${pickupRuns} runs each, median (range):`,
+    "",
+    "| checkout | LISTEN p50 | LISTEN p99 | poll-only p50 | poll-only p99 |",
+    "| --- | ---: | ---: | ---: | ---: |",
+  );
+  for (const c of checkouts) {
+    const on = latency.get(`${c.name}:true`) ?? [];
+    const off = latency.get(`${c.name}:false`) ?? [];
+    out.push(
+      `| ${c.name} | ${ms(on.map((x) => x.p50))} | ${ms(on.map((x) => x.p99))} | ${ms(off.map((x) => x.p50))} | ${ms(off.map((x) => x.p99))} |`,
+    );
+  }
+  out.push(
+    "",
+    "Producers, 8 clients for 10 s, transactions a second (`BEGIN; INSERT/publish; COMMIT`), median (range); `publish` ÷ the unnamed INSERT of the same checkout:",
+    "",
+    "| checkout | plain INSERT (unnamed) | `publish` | `publish` with a key | `publish` ÷ INSERT |",
+    "| --- | ---: | ---: | ---: | ---: |",
+  );
+  for (const c of checkouts) {
+    const tx = (mode: string) => (producers.get(`${c.name}:${mode}`) ?? []).map((x) => x.txPerSec);
+    out.push(
+      `| ${c.name} | ${mr(tx("plainUnnamed"))} | ${mr(tx("default"))} | ${mr(tx("keyed"))} | ${(median(tx("default")) / median(tx("plainUnnamed"))).toFixed(2)}× |`,
+    );
   }
 }
 console.log(out.join("\n"));
