@@ -151,6 +151,8 @@ describe("http relay", () => {
       tracestate: "vendor=a b",
       tenant: "acme corp",
       "x-tenant": "acme ü",
+      "x-region": "eu west",
+      "x-discount": "50%",
       "X-Request-Id": "r-1",
     };
     const createdAt = new Date("2026-01-02T03:04:05.678Z");
@@ -189,10 +191,14 @@ describe("http relay", () => {
     expect(decodeURIComponent(String(event.tenant))).toBe("acme corp");
     // Trace context also as the W3C headers, for HTTP tracing middleware.
     expect(first.headers.traceparent).toBe(TRACEPARENT);
-    expect(decodeURIComponent(String(first.headers.tracestate))).toBe("vendor=a b");
-    // Headers that cannot be extension attributes arrive as plain headers, encoded the same way.
+    expect(first.headers.tracestate).toBe("vendor=a b");
+    // Headers that cannot be extension attributes arrive as plain headers: as they are where HTTP carries
+    // them; a value with non-ASCII (or a `%`, which a decoding receiver would read as an escape) encoded the
+    // ce- way, so decoding restores each exactly.
+    expect(first.headers["x-region"]).toBe("eu west");
     expect(first.headers["x-tenant"]).toBe("acme%20%C3%BC");
     expect(decodeURIComponent(String(first.headers["x-tenant"]))).toBe("acme ü");
+    expect(decodeURIComponent(String(first.headers["x-discount"]))).toBe("50%");
     expect(first.headers["x-request-id"]).toBe("r-1");
     expect(event["x-tenant"]).toBeUndefined();
     // No attribute is left out, and none invented.

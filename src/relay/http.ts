@@ -2,6 +2,7 @@ import type { z } from "zod";
 import type { MessageContext } from "../contract/handler.js";
 import { PermanentError, TransientError } from "../contract/handler-errors.js";
 import { redactConnectionString } from "../util/redact.js";
+import { plainHeaderValue, traceHeaderValue } from "../wire/header-encoding.js";
 import { webhookSignature } from "../wire/webhook-signature.js";
 import {
   binaryAttributes,
@@ -53,7 +54,7 @@ const FRAMING = new Set([
 /**
  * The request headers for one message, relay's own last so nothing overrides them: the CloudEvents
  * binary-mode attributes (`ce-*`, percent-encoded), trace context, the message headers that are not
- * extensions as plain headers, `idempotency-key` = outbox id. Throws a PermanentError naming each message
+ * extensions as plain headers (as they are where HTTP carries them), `idempotency-key` = outbox id. Throws a PermanentError naming each message
  * header that cannot be sent as it is, so it dead-letters, whole, rather than reach the receiver without it.
  */
 export function httpRelayHeaders(
@@ -70,7 +71,7 @@ export function httpRelayHeaders(
   // them); ce-traceparent is the distributed-tracing extension, which on a single hop must carry the same.
   for (const name of ["traceparent", "tracestate"] as const) {
     const value = attributes[name];
-    if (value !== undefined) own.set(name, encodeHeaderValue(value));
+    if (value !== undefined) own.set(name, traceHeaderValue(value));
   }
 
   const headers = new Headers(staticHeaders);
@@ -89,7 +90,7 @@ export function httpRelayHeaders(
       continue;
     }
     seen.add(lower);
-    headers.set(lower, encodeHeaderValue(value));
+    headers.set(lower, plainHeaderValue(value));
   }
   if (problems.length > 0) {
     throw new PermanentError(`message header ${problems.join(", ")} cannot be sent as an HTTP header`);

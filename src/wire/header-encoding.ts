@@ -26,3 +26,20 @@ export function decodeHeaderValue(value: string): string {
     throw new TypeError("malformed percent-encoding");
   }
 }
+
+/** Printable ASCII, spaces inside only: a header line carries it exactly (fetch trims outer whitespace). */
+const HTTP_CARRIES = /^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$/;
+
+/**
+ * A plain (not CloudEvents) header's value on HTTP: as it is where a header line carries it and holds no
+ * `%` a receiver could read as an escape; else percent-encoded like a `ce-` value, so a decoding receiver
+ * (the inbox) restores every value exactly. No standard asks plain headers to be encoded.
+ */
+export function plainHeaderValue(value: string): string {
+  return HTTP_CARRIES.test(value) && !value.includes("%") ? value : encodeHeaderValue(value);
+}
+
+/** A W3C trace context header on HTTP: as it is where a header line carries it (its format is ASCII). */
+export function traceHeaderValue(value: string): string {
+  return HTTP_CARRIES.test(value) ? value : encodeHeaderValue(value);
+}
