@@ -290,6 +290,33 @@ describe("migrate", () => {
   });
 });
 
+describe("migrate(connection)", () => {
+  it("takes a bare pool (default schema), and refuses a call without a connection by name", async () => {
+    // A database of its own: the default schema "outbox" is not this suite's to create in the shared one.
+    const database = `migrate_pool_${process.pid}_${Date.now()}`;
+    const url = new URL(db.url);
+    url.pathname = `/${database}`;
+    await db.pool.query(`CREATE DATABASE "${database}"`);
+    const pool = new pg.Pool({ connectionString: url.toString(), max: 2 });
+    try {
+      const result = await migrate(pool);
+      expect(result).toMatchObject({ schema: "outbox", version: LATEST_VERSION });
+      expect(result.applied.map((a) => a.version)).toEqual(versionsAfter(0));
+      expect((await migrate(pool)).applied).toEqual([]);
+    } finally {
+      await pool.end();
+      await db.pool.query(`DROP DATABASE IF EXISTS "${database}" WITH (FORCE)`);
+    }
+    const refusal = /migrate\(\) takes \{ connection, schema\? \} or the connection itself/;
+    await expect(migrate(undefined as never)).rejects.toThrow(MigrationError);
+    await expect(migrate(undefined as never)).rejects.toThrow(refusal);
+    await expect(migrate({ schema: "x" } as never)).rejects.toThrow(
+      /got an object whose connection is undefined/,
+    );
+    await expect(migrate({ connection: {} } as never)).rejects.toThrow(/without query\(\) and connect\(\)/);
+  });
+});
+
 describe("0007–0009: the promotion looks above the deleted head", () => {
   it("marks the rows already below a head of their key, so that head's ack still promotes them first", async () => {
     const schema = db.freshSchema("below");

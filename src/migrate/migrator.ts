@@ -42,8 +42,9 @@ async function openSession(connection: MigrateOptions["connection"]): Promise<Se
     await client.connect();
     return { client, release: () => client.end() };
   }
-  if (connection instanceof pg.Pool) {
-    const client = await connection.connect();
+  // A Pool of another copy of pg is not an instance of ours: its counters tell it from a Client.
+  if (connection instanceof pg.Pool || "waitingCount" in connection) {
+    const client = await (connection as pg.Pool).connect();
     return { client, release: async () => client.release() };
   }
   return { client: connection, release: async () => {} };
@@ -66,11 +67,45 @@ function checkApplied(files: MigrationFile[], applied: AppliedMigrationRow[], sc
   }
 }
 
+function isConnection(value: unknown): value is MigrateOptions["connection"] {
+  if (typeof value === "string") return value.length > 0;
+  const c = value as { query?: unknown; connect?: unknown } | null;
+  return (
+    typeof c === "object" && c !== null && typeof c.query === "function" && typeof c.connect === "function"
+  );
+}
+
+/**
+ * `migrate(pool)` as well as `migrate({ connection: pool })`: a bare connection is all the options.
+ * Anything else is refused by name here, not by a TypeError from deep inside.
+ */
+function migrateOptions(input: unknown): MigrateOptions {
+  if (isConnection(input)) return { connection: input };
+  if (typeof input === "object" && input !== null && isConnection((input as MigrateOptions).connection)) {
+    return input as MigrateOptions;
+  }
+  const got =
+    typeof input === "object" && input !== null
+      ? `an object whose connection is ${describeValue((input as { connection?: unknown }).connection)}`
+      : describeValue(input);
+  throw new MigrationError(
+    `migrate() takes { connection, schema? } or the connection itself (a connection string, a pg.Pool or a connected pg.Client); got ${got}`,
+  );
+}
+
+function describeValue(value: unknown): string {
+  if (value === undefined || value === null || value === "") return String(JSON.stringify(value) ?? value);
+  if (typeof value === "object") return `an object without query() and connect()`;
+  return `a ${typeof value}`;
+}
+
 /**
  * Bring the outbox schema up to date. Each migration runs in its own transaction; the whole run holds an
  * advisory lock so two processes starting at once apply each file once. Running it again is a no-op.
+ * Takes the options, or just the connection (default schema).
  */
-export async function migrate(options: MigrateOptions): Promise<MigrateResult> {
+export async function migrate(input: MigrateOptions | MigrateOptions["connection"]): Promise<MigrateResult> {
+  const options = migrateOptions(input);
   const names = outboxNames(options.schema ?? DEFAULT_SCHEMA);
   const files = await loadMigrationFiles(options.migrationsDir);
   const sql = migrationStatements(names);
