@@ -215,9 +215,12 @@ export const paid = defineQueue("order/paid", z.object({ total: Money, tip: Mone
       properties: { children: { items: { $ref: string } } };
     };
     expect(category.properties.children.items.$ref).toBe(tree.properties.root.$ref);
+    // Named after the property that holds it (zod calls it __schema0), or its id.
+    expect(tree.properties.root.$ref).toMatch(/^#\/components\/schemas\/tree\.changed\.root$/);
     const paid = channelOf(doc, "order/paid").schema as { properties: Record<string, { $ref: string }> };
     expect(paid.properties.total?.$ref).toBe(paid.properties.tip?.$ref);
     expect(resolve(paid.properties.total?.$ref ?? "")).toMatchObject({ required: ["cents", "currency"] });
+    expect(paid.properties.total?.$ref).toMatch(/\.Money$/);
   });
 
   it("topics: a channel each (address the topic), one send, one receive per subscribed queue; valid", async () => {
@@ -402,7 +405,7 @@ export const paid = defineQueue("order/paid", z.object({ total: Money, tip: Mone
     const audit = channelOf(doc, "audit");
     expect(audit.channel.address).toBe("outbox.audit");
     expect(audit.message?.headers?.required).toEqual(
-      expect.arrayContaining(["ce-datacontenttype", "nats-msg-id"]),
+      expect.arrayContaining(["ce-datacontenttype", "Nats-Msg-Id"]),
     );
 
     // Relayed but not in the module: a channel all the same, any JSON, the event wrapped in structured mode.

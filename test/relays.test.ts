@@ -5,6 +5,8 @@ import pino from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { OutboxConfigError } from "../src/contract/errors.js";
 import type { MessageContext } from "../src/contract/handler.js";
+import { PermanentError } from "../src/contract/handler-errors.js";
+import { decodeAmqpMessage, decodeNatsMessage } from "../src/inbox/transports.js";
 import { createRelay } from "../src/relay/create-relay.js";
 import { HOST, NATS_PORT, probeBrokers, RABBIT_URL, REDIS_PORT } from "./helpers/brokers.js";
 import {
@@ -463,6 +465,68 @@ describe.skipIf(natsDown !== undefined)("nats relay", () => {
     expect(ceAttributes(second?.header).id).toBe(keyless);
   });
 
+  it("contentMode structured: the data is the JSON event format (the released binding, 1.0.2), read by the SDK and the inbox", async () => {
+    const { stream, subject } = target("structured");
+    const relayed = await relay({
+      type: "nats",
+      servers: `nats://${HOST}:${NATS_PORT}`,
+      subject,
+      stream,
+      contentMode: "structured",
+      eventSource: "/outbox/test/structured",
+    });
+    const [id = ""] = newIds(1);
+    const message = attributeMessage(id, "orders.placed", AWKWARD_KEY);
+    await relayed.handler(null, message);
+    const [got] = await stored(stream);
+    const headers = headerMap(got?.header);
+    expect(Object.keys(headers).filter((n) => /^ce-/i.test(n))).toEqual([]);
+    expect(headers).toMatchObject({
+      "Nats-Msg-Id": id,
+      "Content-Type": "application/cloudevents+json; charset=utf-8",
+      "x-tenant": "acme",
+    });
+    const body = Buffer.from(got?.data ?? []).toString("utf8");
+    // The stored payload spliced in byte for byte (its 20-digit number intact), the key as it is.
+    expect(rawDataOf(body)).toBe(message.rawPayload);
+    const event = structuredToEvent(body);
+    expect(event).toMatchObject({
+      ...expectedAttributes(id, "/outbox/test/structured", "orders.placed"),
+      subject: AWKWARD_KEY,
+    });
+    expect(event.tenant).toBe("acme corp");
+    if (got === undefined) throw new Error("no message stored");
+    expect(decodeNatsMessage({ headers: got.header, data: got.data })).toMatchObject({
+      id,
+      subject: AWKWARD_KEY,
+    });
+  });
+
+  it("dead-letters an event over the server's max_payload with both sizes, without publishing it", async () => {
+    const { stream, subject } = target("big");
+    const relayed = await relay({ type: "nats", servers: `nats://${HOST}:${NATS_PORT}`, subject, stream });
+    const max = nc.info?.max_payload ?? 1024 * 1024;
+    const [id = ""] = newIds(1);
+    const big = fakeMessage({
+      id,
+      queue: "orders.placed",
+      rawPayload: JSON.stringify({ blob: "x".repeat(max) }),
+    });
+    const error = await Promise.resolve()
+      .then(() => relayed.handler(null, big))
+      .then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+    expect(error).toBeInstanceOf(PermanentError);
+    expect(String((error as Error).message)).toMatch(
+      new RegExp(
+        `event of ${Buffer.byteLength(big.rawPayload)} bytes is over the NATS server's max_payload of ${max} bytes`,
+      ),
+    );
+    expect((await jsm.streams.info(stream)).state.messages).toBe(0);
+  });
+
   it("loses nothing and duplicates nothing when the connection is cut mid-burst", async () => {
     const proxy = await proxyTo(NATS_PORT);
     const { stream, subject } = target("outage");
@@ -648,6 +712,34 @@ describe.skipIf(rabbitDown !== undefined)("rabbitmq relay", () => {
     expect(second?.properties.messageId).toBe(keyless);
     expect(second?.properties.headers).not.toHaveProperty("ce-subject");
     expect(second?.properties.headers?.["ce-id"]).toBe(keyless);
+  });
+
+  it("headerPrefix cloudEvents_ / cloudEvents: names the attributes as the CloudEvents AMQP binding does; the inbox reads both", async () => {
+    for (const prefix of ["cloudEvents_", "cloudEvents:"] as const) {
+      const queue = queueName(`amqp-binding-${prefix.slice(-1) === "_" ? "u" : "c"}`);
+      const relayed = await relay({
+        type: "rabbitmq",
+        url: RABBIT_URL,
+        routingKey: queue,
+        declareQueue: queue,
+        headerPrefix: prefix,
+      });
+      const [id = ""] = newIds(1);
+      const message = attributeMessage(id, "orders.placed", "k-1");
+      await relayed.handler(null, message);
+      const [got] = await drain(queue);
+      if (got === undefined) throw new Error("no message in the queue");
+      const names = Object.keys(got.properties.headers ?? {});
+      expect(names.filter((n) => n.startsWith("ce-"))).toEqual([]);
+      expect(got.properties.headers).toMatchObject({
+        [`${prefix}specversion`]: "1.0",
+        [`${prefix}id`]: id,
+        [`${prefix}subject`]: "k-1",
+        "x-tenant": "acme",
+      });
+      const event = decodeAmqpMessage(got);
+      expect(event).toMatchObject({ id, subject: "k-1", specversion: "1.0", type: "orders.placed" });
+    }
   });
 
   it("loses nothing when the connection is cut mid-burst", async () => {

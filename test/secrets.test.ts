@@ -306,6 +306,7 @@ describe("the choke points, in process", () => {
         servers: [`nats://${token}@n1:4222`],
         subject: "s",
         timeoutMs: 5000,
+        contentMode: "binary",
         ordered: true,
         eventType: "{queue}",
       },

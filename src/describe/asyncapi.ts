@@ -40,7 +40,8 @@ function idFor(name: string, taken: Set<string>): string {
  * A payload schema whose shared parts zod wrote once, under its own `definitions` (`$defs` in 2020-12), and
  * refers to as `#/definitions/Name`: a recursive schema, or one given an id. Inside the AsyncAPI document a
  * `#/…` ref resolves from the document's root, where those definitions are not. Each becomes a component
- * schema of its own (`<payload id>.<name>`), and every ref to it is rewritten to point there.
+ * schema of its own (`<payload id>.<name>`: its id, or the property holding it), and every ref to it is
+ * rewritten to point there.
  */
 function hoistDefinitions(
   schema: JsonSchema,
@@ -54,8 +55,11 @@ function hoistDefinitions(
   // Old ref → new ref; a JSON Pointer escapes `~` and `/` in a name.
   const moved = new Map<string, string>();
   const targets: [string, unknown][] = [];
+  // The payload first, then the definitions (one may be reached only through another).
+  const named = propertyNames([rest, ...Object.values(defs)]);
   for (const [name, def] of Object.entries(defs)) {
-    const target = idFor(`${id}.${name}`, taken);
+    // zod names a schema without an id `__schema0`, `__schema1`…: the property that holds it says more.
+    const target = idFor(`${id}.${/^__schema\d+$/.test(name) ? (named.get(name) ?? "item") : name}`, taken);
     const pointer = name.replaceAll("~", "~0").replaceAll("/", "~1");
     moved.set(`#/definitions/${pointer}`, `#/components/schemas/${target}`);
     moved.set(`#/$defs/${pointer}`, `#/components/schemas/${target}`);
@@ -73,6 +77,31 @@ function hoistDefinitions(
   };
   for (const [target, def] of targets) components[target] = rewrite(def);
   return rewrite(rest) as JsonSchema;
+}
+
+/**
+ * For each `$defs`/`definitions` entry a ref names: the property holding the first such ref (depth first,
+ * in document order), e.g. `root` for `{ properties: { root: { $ref: "#/$defs/__schema0" } } }`.
+ */
+function propertyNames(schemas: unknown[]): Map<string, string> {
+  const names = new Map<string, string>();
+  const walk = (node: unknown, property: string | undefined): void => {
+    if (Array.isArray(node)) {
+      for (const item of node) walk(item, property);
+      return;
+    }
+    if (node === null || typeof node !== "object") return;
+    for (const [key, value] of Object.entries(node)) {
+      if (key === "$ref" && typeof value === "string" && property !== undefined) {
+        const name = /^#\/(?:\$defs|definitions)\/(.+)$/.exec(value)?.[1];
+        if (name !== undefined && !names.has(name)) names.set(name, property);
+      } else if (key === "properties" && value !== null && typeof value === "object") {
+        for (const [prop, sub] of Object.entries(value)) walk(sub, prop);
+      } else walk(value, property);
+    }
+  };
+  walk(schemas, undefined);
+  return names;
 }
 
 function headersSchema(transport: TransportDescription): JsonSchema {

@@ -111,12 +111,14 @@ export function describeHeader(name: string): string {
 
 const OTHER_MEANING: Record<string, string> = {
   "content-type": "the data's media type (binary mode: the body is the payload's JSON text)",
+  "Content-Type": "structured mode: application/cloudevents+json; charset=utf-8 (the body is the event)",
   "idempotency-key": "the outbox message id (as ce-id)",
   "webhook-id": "Standard Webhooks: the outbox message id",
   "webhook-timestamp": "Standard Webhooks: the send time, unix seconds (new on every attempt)",
   "webhook-signature":
     'Standard Webhooks: `v1,<base64 HMAC-SHA256 of "<webhook-id>.<webhook-timestamp>.<body>">`, one per signing secret, space-separated',
-  "nats-msg-id": "the outbox message id: JetStream drops a repeat within the stream's duplicate window",
+  // Spelled as on the wire: NATS header names are case-sensitive, and JetStream reads this spelling.
+  "Nats-Msg-Id": "the outbox message id: JetStream drops a repeat within the stream's duplicate window",
   id: "the outbox message id (= the event's id): dedupe by it",
   type: "the event's type",
   subject: "the message's ordering key (= the event's subject); absent when keyless",
@@ -161,6 +163,45 @@ function describeHeaders(
     description: describeHeader(name),
     ...(fixed[name] === undefined ? {} : { const: fixed[name] }),
   }));
+}
+
+/**
+ * The structured-mode payload: the CloudEvent in the JSON event format around the queue's data, its
+ * members read off the relays' own structured encoding (keyless: the members every event has).
+ */
+function structuredPayload(
+  queue: string,
+  naming: CloudEventNaming,
+  fixed: Record<string, string>,
+  what: string,
+): (data: JsonSchema) => JsonSchema {
+  const event = JSON.parse(
+    structuredEvent(cloudEventAttributes(sampleMessage(queue, true), naming), "{}"),
+  ) as Record<string, unknown>;
+  const keyless = JSON.parse(
+    structuredEvent(cloudEventAttributes(sampleMessage(queue, false), naming), "{}"),
+  ) as Record<string, unknown>;
+  return (data) => ({
+    type: "object",
+    description: `${what}, JSON event format; \`data\` is the queue's payload`,
+    properties: Object.fromEntries(
+      Object.keys(event).map((name) => [
+        name,
+        name === "data"
+          ? data
+          : {
+              type: "string",
+              description: ATTRIBUTE_MEANING[name] ?? name,
+              ...(fixed[`ce-${name}`] === undefined ? {} : { const: fixed[`ce-${name}`] }),
+            },
+      ]),
+    ),
+    required: Object.keys(keyless),
+    additionalProperties: {
+      type: "string",
+      description: "an extension attribute: each message header whose name is a CloudEvents extension name",
+    },
+  });
 }
 
 /** protocol and host:port of a URL, nothing else: no user info, no query string can reach the document. */
@@ -226,7 +267,7 @@ export async function describeTransport(
             description: "a static header of the relay config (its value is not shown)",
           })),
         ),
-        otherHeaders: `${extensions}; each other message header (e.g. x-tenant) as a plain header, percent-encoded like ce-* values`,
+        otherHeaders: `${extensions}; each other message header (e.g. x-tenant) as a plain header, as it is where HTTP carries it (printable ASCII, no %), else percent-encoded like ce-* values`,
         bindings: {
           operation: { method: relay.method, bindingVersion: "0.3.0" },
         },
@@ -234,8 +275,9 @@ export async function describeTransport(
       };
     }
     case "nats": {
-      const { natsEventHeaders, streamSubjectFor } = await import("../relay/nats.js");
-      const names = headerNames(queue, (m) => natsEventHeaders(m, naming).keys());
+      const { natsEventMessage, streamSubjectFor } = await import("../relay/nats.js");
+      const structured = relay.contentMode === "structured";
+      const names = headerNames(queue, (m) => natsEventMessage(m, naming, relay.contentMode).headers.keys());
       const servers = (Array.isArray(relay.servers) ? relay.servers : [relay.servers]).map((s) =>
         // NATS accepts a bare host:port.
         serverOf(s.includes("://") ? s : `nats://${s}`),
@@ -244,19 +286,24 @@ export async function describeTransport(
         kind: "nats",
         servers: servers.map((s) => ({ protocol: "nats", host: s.host })),
         address: renderTarget(relay.subject, queue),
-        contentType: "application/json",
-        mode: "binary",
+        contentType: structured ? "application/cloudevents+json" : "application/json",
+        mode: relay.contentMode,
         // Set through the publish option msgID, not the header function.
-        headers: describeHeaders(names, fixed, [{ name: "nats-msg-id", required: true }]),
-        otherHeaders: `${extensions}; each other message header (e.g. x-tenant) as it is`,
+        headers: describeHeaders(names, fixed, [{ name: "Nats-Msg-Id", required: true }]),
+        otherHeaders: structured
+          ? "each message header that is not an attribute (e.g. x-tenant) as it is"
+          : `${extensions}; each other message header (e.g. x-tenant) as it is`,
+        ...(structured
+          ? { wrapPayload: structuredPayload(queue, naming, fixed, "the message data: the CloudEvent") }
+          : {}),
         bindings: { operation: { bindingVersion: "0.1.0" } },
-        description: `JetStream publish to subject ${renderTarget(relay.subject, queue)}${relay.stream === undefined ? " (a stream must capture it)" : ` (stream ${relay.stream}, subjects ${streamSubjectFor(relay.subject)}, created when missing)`}, CloudEvents NATS binding, binary content mode: the body is the payload's JSON text, ce-* header values percent-encoded (decodeURIComponent them).`,
+        description: `JetStream publish to subject ${renderTarget(relay.subject, queue)}${relay.stream === undefined ? " (a stream must capture it)" : ` (stream ${relay.stream}, subjects ${streamSubjectFor(relay.subject)}, created when missing)`}, CloudEvents NATS binding, ${structured ? "structured content mode: the body is the JSON event format, the payload as `data`" : "binary content mode: the body is the payload's JSON text, ce-* header values percent-encoded (decodeURIComponent them)"}.`,
       };
     }
     case "rabbitmq": {
       const { rabbitmqEventHeaders } = await import("../relay/rabbitmq.js");
       const names = headerNames(queue, (m) =>
-        Object.keys(rabbitmqEventHeaders(m, cloudEventAttributes(m, naming))),
+        Object.keys(rabbitmqEventHeaders(m, cloudEventAttributes(m, naming), relay.headerPrefix)),
       );
       const server = serverOf(relay.url);
       const routingKey = renderTarget(relay.routingKey, queue);
@@ -292,15 +339,6 @@ export async function describeTransport(
       const { redisEventFields } = await import("../relay/redis.js");
       const names = headerNames(queue, (m) => redisEventFields(m, naming).filter((_, i) => i % 2 === 0));
       const server = serverOf(relay.url);
-      // The event's own members, from the relay's own structured encoding.
-      const full = sampleMessage(queue, true);
-      const event = JSON.parse(structuredEvent(cloudEventAttributes(full, naming), "{}")) as Record<
-        string,
-        unknown
-      >;
-      const keyless = JSON.parse(
-        structuredEvent(cloudEventAttributes(sampleMessage(queue, false), naming), "{}"),
-      ) as Record<string, unknown>;
       const stream = renderTarget(relay.stream, queue);
       return {
         kind: "redis",
@@ -314,28 +352,7 @@ export async function describeTransport(
           fixed,
         ),
         otherHeaders: "no other fields",
-        wrapPayload: (data) => ({
-          type: "object",
-          description: "field `event`: the CloudEvent, JSON event format; `data` is the queue's payload",
-          properties: Object.fromEntries(
-            Object.keys(event).map((name) => [
-              name,
-              name === "data"
-                ? data
-                : {
-                    type: "string",
-                    description: ATTRIBUTE_MEANING[name] ?? name,
-                    ...(fixed[`ce-${name}`] === undefined ? {} : { const: fixed[`ce-${name}`] }),
-                  },
-            ]),
-          ),
-          required: Object.keys(keyless),
-          additionalProperties: {
-            type: "string",
-            description:
-              "an extension attribute: each message header whose name is a CloudEvents extension name",
-          },
-        }),
+        wrapPayload: structuredPayload(queue, naming, fixed, "field `event`: the CloudEvent"),
         bindings: {},
         description: `XADD to stream ${stream} (MAXLEN ~ ${relay.maxLen}), CloudEvents structured content mode (Redis has no binding): field \`event\` holds the event, fields id, type, subject and headers copy what routing and dedupe need.`,
       };

@@ -84,17 +84,22 @@ export function decodeNatsMessage(message: NatsMessageLike): InboxEvent {
   return eventFromAttributes(attributes, body, headers);
 }
 
+/** An attribute's entry in an AMQP headers table: `ce-` (the RabbitMQ binding) or the AMQP binding's forms. */
+const AMQP_ATTRIBUTE = /^(?:ce-|cloudEvents[_:])(.+)$/i;
+
 /**
- * The event of one AMQP 0-9-1 message, per the RabbitMQ binding our relay follows: `ce-*` entries of the
- * headers table (values as they are: table strings are UTF-8, not percent-encoded), `datacontenttype` the
- * `contentType` property, the body the data.
+ * The event of one AMQP 0-9-1 message, per the RabbitMQ binding our relay follows by default (`ce-*`
+ * entries of the headers table) or the CloudEvents AMQP binding's `cloudEvents_*` / `cloudEvents:*` (the
+ * relay's `headerPrefix`): values as they are (table strings are UTF-8, not percent-encoded),
+ * `datacontenttype` the `contentType` property, the body the data.
  */
 export function decodeAmqpMessage(message: AmqpMessageLike): InboxEvent {
   const attributes: Record<string, string> = {};
   const headers: Record<string, string> = {};
   for (const [name, value] of Object.entries(message.properties.headers ?? {})) {
     const text = Buffer.isBuffer(value) ? utf8(value, name) : String(value);
-    if (name.toLowerCase().startsWith("ce-")) attributes[name.slice(3).toLowerCase()] = text;
+    const attribute = AMQP_ATTRIBUTE.exec(name)?.[1];
+    if (attribute !== undefined) attributes[attribute.toLowerCase()] = text;
     else if (name !== "traceparent" && name !== "tracestate") headers[name] = text;
   }
   const contentType = message.properties.contentType;

@@ -173,6 +173,12 @@ export const natsRelayConfigSchema = z.strictObject({
       "JetStream stream created on connect for the subject, unless one already captures it; unset: a stream must capture it already",
     ),
   timeoutMs: timeoutMs(5000).describe("connect and per-publish timeout (waiting for the stream's ack)"),
+  contentMode: z
+    .enum(["binary", "structured"])
+    .default("binary")
+    .describe(
+      "`binary`: the body is the payload, attributes are `ce-*` headers (the binding's current text); `structured`: the body is the JSON event format, `Content-Type: application/cloudevents+json` (the only mode of the released binding, 1.0.2)",
+    ),
   ordered,
   subscribe,
   announceFailures,
@@ -204,6 +210,12 @@ export const rabbitmqRelayConfigSchema = z.strictObject({
       "durable queue declared on connect and bound to the exchange with the routing key (`{queue}` as `#`)",
     ),
   timeoutMs: timeoutMs(10_000).describe("connect and per-publish timeout (waiting for the broker's confirm)"),
+  headerPrefix: z
+    .enum(["ce-", "cloudEvents_", "cloudEvents:"])
+    .default("ce-")
+    .describe(
+      "prefix of the attribute headers: `ce-` (the RabbitMQ binding of Knative and the CloudEvents SDKs' AMQP 0-9-1 users), or the CloudEvents AMQP binding's `cloudEvents_` / `cloudEvents:`",
+    ),
   ordered,
   subscribe,
   announceFailures,

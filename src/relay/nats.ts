@@ -12,22 +12,33 @@ import type { z } from "zod";
 import { OutboxConfigError } from "../contract/errors.js";
 import type { MessageContext } from "../contract/handler.js";
 import { errorMessage, PermanentError, TransientError } from "../contract/handler-errors.js";
+import { DEFAULT_MAX_PAYLOAD_BYTES } from "../contract/payload.js";
 import { redactConnectionString } from "../util/redact.js";
 import {
   binaryAttributes,
+  type CloudEventAttributes,
   type CloudEventNaming,
   cloudEventAttributes,
   encodeHeaderValue,
   eventNaming,
   isEventAttribute,
+  structuredEvent,
 } from "./cloudevents.js";
-import { natsRelayConfigSchema, parseRelayConfig, QUEUE_PLACEHOLDER, renderTarget } from "./config.js";
+import {
+  type NatsRelayConfig,
+  natsRelayConfigSchema,
+  parseRelayConfig,
+  QUEUE_PLACEHOLDER,
+  renderTarget,
+} from "./config.js";
 import { withDeadline } from "./deadline.js";
 import { type RelayHealth, RelayHealthTracker } from "./health.js";
 import { LazyConnection } from "./lazy-connection.js";
 import type { Relay, RelayDeps } from "./relay.js";
 
 const RETRY_CONNECT_AFTER_MS = 1000;
+/** Room for the event's attributes and headers beside a payload, for the max_payload warning at connect. */
+const EVENT_OVERHEAD_BYTES = 4096;
 /** JetStream API error: "message size exceeds maximum allowed". */
 const JS_MESSAGE_TOO_LARGE = 10054;
 /** JetStream API error: "stream name already in use with a different configuration". */
@@ -134,7 +145,16 @@ export async function createNatsRelay(
         await nc.close().catch(() => {});
         throw new TransientError(`${what}: cannot check the JetStream stream`, { cause: error });
       }
-      logger.info({ server: nc.getServer() }, "nats relay connected");
+      logger.info({ server: nc.getServer(), maxPayload: nc.info?.max_payload }, "nats relay connected");
+      // A payload the publisher accepts (256 KiB by default) but the server refuses is dead-lettered at
+      // relay time: warn at connect, while nothing has failed yet.
+      const max = nc.info?.max_payload;
+      if (max !== undefined && max < DEFAULT_MAX_PAYLOAD_BYTES + EVENT_OVERHEAD_BYTES) {
+        logger.warn(
+          { maxPayload: max, publisherDefault: DEFAULT_MAX_PAYLOAD_BYTES },
+          "the NATS server's max_payload is below what the publisher accepts by default: larger messages will be dead-lettered; lower the publisher's maxPayloadBytes",
+        );
+      }
       return session;
     },
   });
@@ -151,15 +171,22 @@ export async function createNatsRelay(
       throw error;
     });
     if (!session.connected) throw new TransientError(`${what}: disconnected, reconnecting`);
-    // The stored JSON text, byte for byte: a re-serialised payload would round numbers beyond 2^53.
-    const data = Buffer.from(message.rawPayload);
-    let headers: MsgHdrs;
+    let event: { data: Uint8Array; headers: MsgHdrs };
     try {
-      headers = natsEventHeaders(message, naming);
+      event = natsEventMessage(message, naming, config.contentMode);
     } catch (error) {
       throw new PermanentError(`message headers cannot be NATS headers: ${errorMessage(error)}`, {
         cause: error,
       });
+    }
+    const { data, headers } = event;
+    // The server refuses a message over its max_payload (1 MiB by default) on every attempt: say so, with
+    // the sizes, instead of a round trip and the client's bare error.
+    const max = session.nc.info?.max_payload;
+    if (max !== undefined && data.length > max) {
+      throw new PermanentError(
+        `event of ${data.length} bytes is over the NATS server's max_payload of ${max} bytes: raise max_payload, or lower the publisher's maxPayloadBytes so such a payload is refused at publish`,
+      );
     }
     const publish = session.js.publish(subject, data, {
       msgID: message.id,
@@ -223,21 +250,45 @@ export function streamSubjectFor(subject: string): string {
  * stray one named like an attribute header cannot replace the event's own.
  */
 export function natsEventHeaders(message: MessageContext, naming: CloudEventNaming): MsgHdrs {
+  return natsEventMessage(message, naming, "binary").headers;
+}
+
+/**
+ * A message's event as NATS data and headers. Binary mode: the data is the payload's stored JSON text and
+ * the attributes are headers ({@link natsEventHeaders}). Structured mode (the released binding, 1.0.2): the
+ * data is the JSON event format with the payload spliced in byte for byte, `Content-Type` says so, and no
+ * `ce-` header is sent. Either way the plain message headers and the W3C trace headers come along.
+ */
+export function natsEventMessage(
+  message: MessageContext,
+  naming: CloudEventNaming,
+  mode: NatsRelayConfig["contentMode"],
+): { data: Uint8Array; headers: MsgHdrs } {
   const attributes = cloudEventAttributes(message, naming);
   const headers = natsHeaders();
   for (const [name, value] of Object.entries(message.headers)) {
     // Nats-Expected-* and friends are JetStream instructions, not data: a stray one would fail every publish.
     if (!isEventAttribute(name) && !/^nats-/i.test(name)) headers.append(name, value);
   }
+  if (mode === "structured") {
+    headers.set("Content-Type", "application/cloudevents+json; charset=utf-8");
+    traceHeaders(headers, attributes);
+    return { data: Buffer.from(structuredEvent(attributes, message.rawPayload)), headers };
+  }
   for (const [name, value] of binaryAttributes(attributes))
     headers.set(`ce-${name}`, encodeHeaderValue(value));
   headers.set("ce-datacontenttype", attributes.datacontenttype);
-  // The plain W3C headers too, as the HTTP relay sends them: NATS tracing instrumentation reads those.
+  traceHeaders(headers, attributes);
+  // The stored JSON text, byte for byte: a re-serialised payload would round numbers beyond 2^53.
+  return { data: Buffer.from(message.rawPayload), headers };
+}
+
+/** The plain W3C headers too, as the HTTP relay sends them: NATS tracing instrumentation reads those. */
+function traceHeaders(headers: MsgHdrs, attributes: CloudEventAttributes): void {
   if (attributes.traceparent !== undefined)
     headers.set("traceparent", encodeHeaderValue(attributes.traceparent));
   if (attributes.tracestate !== undefined)
     headers.set("tracestate", encodeHeaderValue(attributes.tracestate));
-  return headers;
 }
 
 function classify(error: unknown, subject: string, onNoStream: () => void): Error {

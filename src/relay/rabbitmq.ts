@@ -4,7 +4,13 @@ import type { MessageContext } from "../contract/handler.js";
 import { errorMessage, PermanentError, TransientError } from "../contract/handler-errors.js";
 import { redactConnectionString } from "../util/redact.js";
 import { binaryAttributes, cloudEventAttributes, eventNaming, isEventAttribute } from "./cloudevents.js";
-import { parseRelayConfig, QUEUE_PLACEHOLDER, rabbitmqRelayConfigSchema, renderTarget } from "./config.js";
+import {
+  parseRelayConfig,
+  QUEUE_PLACEHOLDER,
+  type RabbitmqRelayConfig,
+  rabbitmqRelayConfigSchema,
+  renderTarget,
+} from "./config.js";
 import { withDeadline } from "./deadline.js";
 import { type RelayHealth, RelayHealthTracker } from "./health.js";
 import { LazyConnection } from "./lazy-connection.js";
@@ -32,7 +38,8 @@ interface RabbitSession {
  * property, the data (the payload's stored JSON text, unchanged) as the body. The outbox id is also
  * `messageId`, the type the AMQP `type`. RabbitMQ cannot dedupe: a redelivered message is published
  * again, so consumers dedupe by `ce-id` (= `messageId`). Message headers whose names cannot be extension
- * attributes (say `x-tenant`) stay in the headers table as they are.
+ * attributes (say `x-tenant`) stay in the headers table as they are. `headerPrefix` switches the attribute
+ * names to the AMQP binding's `cloudEvents_<name>` (or `cloudEvents:<name>`) for consumers that read those.
  *
  * Every failure is transient: the broker down (the connection is re-opened on the next publish), a nack,
  * a timeout, or an unroutable message (returned by the broker: a configuration mistake that must not
@@ -138,7 +145,7 @@ export async function createRabbitmqRelay(
     // The stored JSON text, byte for byte: a re-serialised payload would round numbers beyond 2^53.
     const content = Buffer.from(message.rawPayload);
     const attributes = cloudEventAttributes(message, naming);
-    const headers = rabbitmqEventHeaders(message, attributes);
+    const headers = rabbitmqEventHeaders(message, attributes, config.headerPrefix);
     const confirmed = new Promise<void>((resolve, reject) => {
       const options = {
         persistent: true,
@@ -189,19 +196,20 @@ export async function createRabbitmqRelay(
 }
 
 /**
- * The headers table: message headers that are not attributes as they are, then `ce-<name>` for every
- * attribute but `datacontenttype` (the `contentType` property), so a stray message header named like one
- * cannot replace the event's own.
+ * The headers table: message headers that are not attributes as they are, then `<prefix><name>` (`ce-` by
+ * default) for every attribute but `datacontenttype` (the `contentType` property), so a stray message
+ * header named like one cannot replace the event's own.
  */
 export function rabbitmqEventHeaders(
   message: MessageContext,
   attributes: ReturnType<typeof cloudEventAttributes>,
+  prefix: RabbitmqRelayConfig["headerPrefix"] = "ce-",
 ): Record<string, string> {
   const headers: Record<string, string> = {};
   for (const [name, value] of Object.entries(message.headers)) {
     if (!isEventAttribute(name)) headers[name] = value;
   }
-  for (const [name, value] of binaryAttributes(attributes)) headers[`ce-${name}`] = value;
+  for (const [name, value] of binaryAttributes(attributes)) headers[`${prefix}${name}`] = value;
   // The plain W3C entries too, as the HTTP relay sends them: AMQP tracing instrumentation reads those.
   if (attributes.traceparent !== undefined) headers.traceparent = attributes.traceparent;
   if (attributes.tracestate !== undefined) headers.tracestate = attributes.tracestate;
