@@ -78,8 +78,9 @@ export type JobSpec =
   | {
       kind: "steady";
       peer: PeerName;
-      /** Messages a second, each in its own producer transaction, from 4 producer connections. */
+      /** Messages a second, each in its own producer transaction, from `producers` connections (4). */
       rate: number;
+      producers?: number;
       seconds: number;
       /** Server-wide autovacuum on for the run (ALTER SYSTEM, restored after); off: as the server has it. */
       autovacuum: boolean;
@@ -462,7 +463,7 @@ async function steady(spec: Extract<JobSpec, { kind: "steady" }>): Promise<Stead
     });
     const meter = await pgCostMeter(schema);
     const cpu = cpuMeter();
-    const producer = await peer.producer(4, "default");
+    const producer = await peer.producer(spec.producers ?? 4, "default");
     const total = Math.round(spec.rate * spec.seconds);
     const windows: SteadyWindow[] = [];
     const inflight = new Set<Promise<void>>();
