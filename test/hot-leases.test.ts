@@ -8,7 +8,9 @@ import { fetchStatement } from "../src/sql/fetch.js";
 import { testDatabase } from "./helpers/database.js";
 import { until } from "./helpers/worker.js";
 
-const db = testDatabase("hotlease");
+// A database of its own: a second update of a row is HOT only once its page is pruned of the first's old
+// version, and pruning waits for every snapshot in the database (other test files' transactions included).
+const db = testDatabase("hotlease", { ownDatabase: true });
 /** A Kubernetes pod name's length: the holder is written by every lease and makes the leased row larger. */
 const WORKER_ID = "orders-outbox-worker-7d9f8c6b5d-x2x9k-replica-0001";
 const ROWS = 3000;
