@@ -93,8 +93,16 @@ describe("heartbeat", () => {
       },
     });
     a.on("lease_lost", (e) => lost.push(e));
-    await until(() => handled.entries.length === 1 && a.held === 8, "one row running, seven in A's queue");
-    expect(await count("messages", "acquired_by = $1", [a.id])).toBe(8);
+    // How many rows A queues behind the running one follows its fetch round trip over the warm handler's
+    // time (a busy machine queues fewer): at least one waiting is what this test needs.
+    await until(() => handled.entries.length === 1 && a.held >= 2, "one row running, more in A's queue");
+    const heldByA = (
+      await db.pool.query<{ id: string }>(
+        `SELECT id::text FROM ${db.names.messages} WHERE acquired_by = $1`,
+        [a.id],
+      )
+    ).rows.map((r) => r.id);
+    expect(heldByA.length).toBeGreaterThanOrEqual(2);
 
     // A probe that B can lease only once every lease A took has run past its TTL, had it not been renewed.
     await db.pool.query(
@@ -118,8 +126,10 @@ describe("heartbeat", () => {
     first.open();
     await until(async () => (await count("messages")) === 0, "every row acknowledged");
 
-    expect(handled.by("b")).toEqual([]);
-    expect(handled.by("a").sort()).toEqual([...ids].sort());
+    // Rows A held (running or queued) were never B's; what A had not fetched B may take.
+    expect(handled.by("b").filter((id) => heldByA.includes(id))).toEqual([]);
+    expect(heldByA.filter((id) => !handled.by("a").includes(id))).toEqual([]);
+    expect([...handled.by("a"), ...handled.by("b")].sort()).toEqual([...ids].sort());
     expect(lost).toEqual([]);
   });
 });
