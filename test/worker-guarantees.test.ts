@@ -98,7 +98,7 @@ describe("heartbeat", () => {
     await until(() => handled.entries.length === 1 && a.held >= 2, "one row running, more in A's queue");
     const heldByA = (
       await db.pool.query<{ id: string }>(
-        `SELECT id::text FROM ${db.names.messages} WHERE acquired_by = $1`,
+        `SELECT id::text FROM ${db.names.messages} WHERE acquired_by = $1 AND queue = 'buffered'`,
         [a.id],
       )
     ).rows.map((r) => r.id);

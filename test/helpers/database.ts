@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
 import pg from "pg";
-import { afterAll, beforeAll, inject } from "vitest";
+import { afterAll, inject } from "vitest";
 import { migrate } from "../../src/migrate/migrator.js";
 import { outboxNames } from "../../src/sql/names.js";
 
@@ -8,41 +8,18 @@ import { outboxNames } from "../../src/sql/names.js";
  * Each test file gets its own outbox schema in the shared test database, so files run in parallel without
  * seeing each other's rows or notifications (the wake-up channel is derived from the schema).
  */
-export function testDatabase(
-  prefix = "t",
-  /**
-   * A database of its own, created before the file's tests and dropped after: for a test that needs what
-   * other files' sessions would change, e.g. page pruning, which waits for every snapshot in the database.
-   */
-  options: { ownDatabase?: boolean } = {},
-) {
-  const shared = inject("databaseUrl");
+export function testDatabase(prefix = "t") {
+  const url = inject("databaseUrl");
   const schema = `${prefix}_${randomBytes(5).toString("hex")}`;
-  const own = options.ownDatabase ? `${schema}_db` : undefined;
-  const url = own === undefined ? shared : withDatabase(shared, own);
   const names = outboxNames(schema);
   const pool = new pg.Pool({ connectionString: url, max: 10 });
   const extraSchemas: string[] = [];
-
-  if (own !== undefined) {
-    // Registered first, so it runs before the file's own beforeAll hooks.
-    beforeAll(async () => {
-      const admin = new pg.Client({ connectionString: shared });
-      await admin.connect();
-      await admin.query(`CREATE DATABASE "${own}"`).finally(() => admin.end());
-    });
-  }
 
   afterAll(async () => {
     for (const s of [schema, ...extraSchemas]) {
       await pool.query(`DROP SCHEMA IF EXISTS "${s}" CASCADE`);
     }
     await pool.end();
-    if (own !== undefined) {
-      const admin = new pg.Client({ connectionString: shared });
-      await admin.connect();
-      await admin.query(`DROP DATABASE IF EXISTS "${own}" WITH (FORCE)`).finally(() => admin.end());
-    }
   });
 
   return {
@@ -73,13 +50,6 @@ export function testDatabase(
       }
     },
   };
-}
-
-/** `url` with its database name replaced. */
-function withDatabase(url: string, database: string): string {
-  const u = new URL(url);
-  u.pathname = `/${database}`;
-  return u.toString();
 }
 
 /** A LISTEN connection that collects notifications of one channel. */
