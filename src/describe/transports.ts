@@ -332,7 +332,7 @@ export async function describeTransport(
           operation: { deliveryMode: 2, mandatory: true, bindingVersion: "0.3.0" },
           message: { messageType: fixed.type, bindingVersion: "0.3.0" },
         },
-        description: `Published to exchange "${relay.exchange}" (${relay.exchange === "" ? "the default exchange" : (relay.exchangeType ?? "existing")}) with routing key ${routingKey}${relay.declareQueue === undefined ? "" : `, into durable queue ${relay.declareQueue}`}; Knative's RabbitMQ protocol binding for CloudEvents, binary content mode: the body is the payload's JSON text, attributes are ce-* entries of the headers table. AMQP properties: messageId = the outbox id, contentType = application/json, type = the event type, timestamp = creation time (seconds), persistent.`,
+        description: `Published to exchange "${relay.exchange}" (${relay.exchange === "" ? "the default exchange" : (relay.exchangeType ?? "existing")}) with routing key ${routingKey}${relay.declareQueue === undefined ? "" : `, into durable queue ${relay.declareQueue}`}; Knative's RabbitMQ protocol binding for CloudEvents, binary content mode: the body is the payload's JSON text, attributes are ${relay.headerPrefix}* entries of the headers table. AMQP properties: messageId = the outbox id, contentType = application/json, type = the event type, timestamp = creation time (seconds), persistent.`,
       };
     }
     case "redis": {
