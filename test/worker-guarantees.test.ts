@@ -105,7 +105,10 @@ describe("heartbeat", () => {
       ).rows.map((r) => r.id);
     let heldByA: string[] = [];
     await until(
-      async () => handled.entries.length === 1 && (heldByA = await leasedByA()).length >= 2,
+      async () => {
+        heldByA = await leasedByA();
+        return handled.entries.length === 1 && heldByA.length >= 2;
+      },
       "one row running, more in A's queue",
     );
 
