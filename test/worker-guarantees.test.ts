@@ -104,13 +104,10 @@ describe("heartbeat", () => {
         )
       ).rows.map((r) => r.id);
     let heldByA: string[] = [];
-    await until(
-      async () => {
-        heldByA = await leasedByA();
-        return handled.entries.length === 1 && heldByA.length >= 2;
-      },
-      "one row running, more in A's queue",
-    );
+    await until(async () => {
+      heldByA = await leasedByA();
+      return handled.entries.length === 1 && heldByA.length >= 2;
+    }, "one row running, more in A's queue");
 
     // A probe that B can lease only once every lease A took has run past its TTL, had it not been renewed.
     await db.pool.query(
