@@ -1,7 +1,7 @@
 import type { Logger } from "pino";
 import { Completer, type Outcome } from "../complete/completer.js";
 import { Heartbeat } from "../complete/heartbeat.js";
-import { OutboxConfigError } from "../contract/errors.js";
+import { OutboxConfigError, OutboxError } from "../contract/errors.js";
 import type { InboxStore } from "../contract/inbox.js";
 import { Dispatcher } from "../dispatch/dispatcher.js";
 import { LocalQueue } from "../dispatch/local-queue.js";
@@ -114,7 +114,7 @@ export function createEngine(deps: EngineDeps): Engine {
 
   /** A write or a renewal found another token on the row: the newer owner wins, this delivery is dropped. */
   function forget(h: HeldRow, phase: LeasePhase): void {
-    if (!lose(h, new Error("lease lost: another worker took this message over"))) return;
+    if (!lose(h, new OutboxError("lease lost: another worker took this message over"))) return;
     held.delete(h);
     queue.remove((x) => x === h);
     completer.forget(h);
@@ -385,7 +385,7 @@ export function createEngine(deps: EngineDeps): Engine {
           // Unreleased rows are not lost: their leases expire and another worker takes them. This worker
           // holds them no more (nor renews them).
           for (const h of rows) {
-            lose(h, new Error("could not hand back; its lease is left to expire"));
+            lose(h, new OutboxError("could not hand back; its lease is left to expire"));
             held.delete(h);
           }
           log.warn(
@@ -421,7 +421,7 @@ export function createEngine(deps: EngineDeps): Engine {
     let abandoned: string[] = [];
     const finished = await within(dispatcher.done(), left());
     if (!finished) {
-      const rows = dispatcher.abandon(new Error("worker stop timeout"));
+      const rows = dispatcher.abandon(new OutboxError("worker stop timeout"));
       for (const h of rows) held.delete(h);
       abandoned = rows.map((h) => h.row.id);
       log.warn({ abandoned }, "stop timeout: handlers aborted, their leases are left to expire");
