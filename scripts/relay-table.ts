@@ -1,4 +1,4 @@
-// Prints the README's relay options table from the relay config schemas: npm run -s docs:relays
+// Prints the relay options table of docs/reference/relay-options.md from the relay config schemas: npm run -s docs:relays
 import { renderRelayOptionsTable } from "../src/relay/options-table.js";
 
 console.log(renderRelayOptionsTable());
