@@ -54,7 +54,8 @@ describe("the README", () => {
   const readme = readDoc("README.md");
 
   it("holds at most 300 lines", () => {
-    expect(readme.split("\n").length).toBeLessThanOrEqual(300);
+    // Counted as `wc -l` counts: line ends.
+    expect(readme.match(/\n/g)?.length ?? 0).toBeLessThanOrEqual(300);
   });
 
   it("links only to files that exist", () => {
