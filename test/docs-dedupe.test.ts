@@ -45,7 +45,7 @@ it("runs the docs' dedupe-and-cancel example: one reminder, cancelled with the p
   try {
     await client.query("CREATE TABLE carts (id text PRIMARY KEY, paid boolean NOT NULL DEFAULT false)");
     await client.query("INSERT INTO carts (id) VALUES ('c-42')");
-    const dir = await testTempDir("readme-dedupe-");
+    const dir = await testTempDir("docs-dedupe-");
     await symlink(path.join(ROOT, "node_modules"), path.join(dir, "node_modules"));
     await writeFile(path.join(dir, "package.json"), '{"type": "module"}');
     await writeFile(path.join(dir, "example.ts"), await example());

@@ -41,7 +41,7 @@ async function readmeRelayExample(): Promise<string> {
 }
 
 async function runService(configText: string): Promise<{ p: CliProcess; base: string }> {
-  const dir = await testTempDir("outbox-readme-");
+  const dir = await testTempDir("outbox-docs-relays-");
   const file = path.join(dir, "relays.json");
   await writeFile(file, configText);
   const p = startCli(["run", "--config", file, "--http-port", "0"], serviceEnv(db));
@@ -88,7 +88,7 @@ describe.skipIf(brokersDown.length > 0)("the docs relay example", () => {
     let text = example;
     await new Promise<void>((resolve) => {
       receiver.once("error", () => {
-        console.warn(`readme-relays.test: port ${webhook.port} is taken; the receiver listens elsewhere`);
+        console.warn(`docs-relays.test: port ${webhook.port} is taken; the receiver listens elsewhere`);
         receiver.listen(0, HOST, () => {
           const moved = `http://${HOST}:${(receiver.address() as AddressInfo).port}${webhook.pathname}`;
           text = example.replace(webhook.toString(), moved);

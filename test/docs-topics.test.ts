@@ -74,7 +74,7 @@ describe("the docs topics example", () => {
     let configText = configJson;
     await new Promise<void>((resolve) => {
       receiver.once("error", () => {
-        console.warn(`readme-topics.test: port ${webhook.port} is taken; the receiver listens elsewhere`);
+        console.warn(`docs-topics.test: port ${webhook.port} is taken; the receiver listens elsewhere`);
         receiver.listen(0, HOST, () => {
           const moved = `http://${HOST}:${(receiver.address() as AddressInfo).port}${webhook.pathname}`;
           configText = replaced(configJson, webhook.toString(), moved);
@@ -86,7 +86,7 @@ describe("the docs topics example", () => {
     cleanups.push(() => new Promise((resolve) => receiver.close(resolve)));
 
     // The reader's project: an ES module package with this package and pg installed.
-    const dir = await testTempDir("outbox-readme-topics-");
+    const dir = await testTempDir("outbox-docs-topics-");
     await writeFile(path.join(dir, "package.json"), JSON.stringify({ type: "module", private: true }));
     await mkdir(path.join(dir, "node_modules"));
     await symlink(ROOT, path.join(dir, "node_modules", "pg-outbox-worker"), "dir");
