@@ -8,7 +8,7 @@ import { docPages, readDoc } from "../helpers/docs.js";
 const exec = promisify(execFile);
 
 describe("what the package ships", () => {
-  it("holds every examples/ file the README and the docs point at, and each exists", async () => {
+  it("holds every examples/ file the README and the docs point at, each existing, and none of docs/", async () => {
     // --ignore-scripts: the file list without running prepack's build (package.test.ts builds dist).
     const { stdout } = await exec("npm", ["pack", "--dry-run", "--ignore-scripts", "--json"], {
       timeout: 60_000,
@@ -29,6 +29,8 @@ describe("what the package ships", () => {
       );
     }
     expect(packed.has("LICENSE")).toBe(true);
+    // The docs site (its pages, config, build output) is for the repository, not for an install.
+    expect([...packed].filter((f) => f.startsWith("docs/"))).toEqual([]);
     expect([...packed].filter((f) => f.startsWith("migrations/")).length).toBeGreaterThan(0);
   });
 
