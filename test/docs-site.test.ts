@@ -2,7 +2,7 @@ import { spawn } from "node:child_process";
 import { existsSync } from "node:fs";
 import path from "node:path";
 import { describe, expect, it } from "vitest";
-import { ROOT, readDoc } from "./helpers/docs.js";
+import { docPages, ROOT, readDoc } from "./helpers/docs.js";
 import { testTempDir } from "./helpers/temp-dir.js";
 
 // The docs site as `npm run docs:build` makes it: VitePress fails the build on a link to a page that does
@@ -65,5 +65,24 @@ describe("the README", () => {
     for (const href of local) {
       expect(existsSync(path.join(ROOT, href.replace(/[?#].*$/, ""))), href).toBe(true);
     }
+  });
+});
+
+describe("the docs sidebar", () => {
+  it("lists every hand-written page of docs/ (no page only a search finds)", async () => {
+    const { default: config } = await import("../docs/.vitepress/config.mjs");
+    const linked = new Set<string>();
+    const collect = (items: readonly { link?: string; items?: unknown[] }[]): void => {
+      for (const item of items) {
+        if (item.link !== undefined) linked.add(item.link.endsWith("/") ? `${item.link}index` : item.link);
+        if (item.items !== undefined) collect(item.items as { link?: string; items?: unknown[] }[]);
+      }
+    };
+    const sidebar = config.themeConfig?.sidebar as Record<string, { link?: string; items?: unknown[] }[]>;
+    for (const items of Object.values(sidebar)) collect(items);
+    const pages = docPages()
+      .filter((page) => page !== "docs/index.md")
+      .map((page) => page.replace(/^docs/, "").replace(/\.md$/, ""));
+    expect(pages.filter((page) => !linked.has(page))).toEqual([]);
   });
 });
