@@ -10,7 +10,7 @@ export const triggerUsage = `Usage: outbox-worker trigger enable|disable|status 
 
 The optional wake-up trigger, for producers that INSERT into the outbox with plain SQL. Rows inserted
 without it are still delivered, at the worker's next poll. It makes every inserting transaction
-NOTIFY, which serialises their commits: see the README for the measured cost.`;
+NOTIFY, which serialises their commits: see docs/guide/publishing.md for the measured cost.`;
 
 export async function triggerCommand(argv: string[], io: CliIo): Promise<number> {
   const { values, positionals } = parseCommandArgs(argv, {
