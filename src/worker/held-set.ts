@@ -1,4 +1,4 @@
-import type { HeldRow } from "../lease/held.js";
+import { type HeldRow, isLive } from "../lease/held.js";
 import type { LeasedRow } from "../sql/fetch.js";
 
 /**
@@ -40,4 +40,15 @@ export class HeldSet implements Iterable<HeldRow> {
   [Symbol.iterator](): Iterator<HeldRow> {
     return this.#rows.values();
   }
+}
+
+/**
+ * The tokens of the deliveries a worker still holds. A handler that blocked the event loop past its lease is
+ * still the worker's: the fetch must not lease its row again and start it twice (the heartbeat renews it once
+ * the loop is free). A few tokens at most: one per fetch still being worked through.
+ */
+export function liveTokens(held: Iterable<HeldRow>): string[] {
+  const tokens = new Set<string>();
+  for (const h of held) if (isLive(h)) tokens.add(h.token);
+  return [...tokens];
 }
