@@ -20,42 +20,7 @@ export interface HandlerTransactionOptions {
 
 /** Opens handlers' transactions, each on a pooled connection of its own, and acks inside them. */
 export function handlerTransactions(options: HandlerTransactionOptions): () => Promise<LeaseTransaction> {
-  const { sql, session, followUps, rounds } = options;
-
-  /**
-   * One try of the ack of `w` on a handler's connection, in its transaction: the very statements of the
-   * batched ack, with no hand-off (the successor of a key is promoted, and fetched as usual). → what it
-   * found, and how many new heads it made (announced once the transaction commits).
-   */
-  async function ackInTransaction(
-    run: Runner,
-    w: AckWrite,
-  ): Promise<{ found: "acked" | "lost" | "busy"; promoted: number }> {
-    const ws = [w];
-    const follows = w.followUps !== undefined && w.followUps.length > 0;
-    if (w.held.key === null && !w.followUps?.some((f) => f.key !== null)) {
-      const follow = follows ? followUps.params(ws) : undefined;
-      const [result] = follow
-        ? await insertingFollowUps(() => run(sql.ackFollowUps, { ...pairs(held(ws)), ...follow }))
-        : await run(sql.ack, pairs(held(ws)));
-      return { found: result?.deleted === 1 ? "acked" : "lost", promoted: 0 };
-    }
-    const noHandOff = {
-      limit: 0,
-      token: randomUUID(),
-      leaseTtlMs: options.leaseTtlMs,
-      workerId: options.workerId,
-    };
-    const round =
-      w.held.key === null
-        ? await rounds.ackFollowUpKeys(ws, run)
-        : follows
-          ? await rounds.ackFollowUps(ws, noHandOff, run)
-          : await rounds.ack(ws, noHandOff, run);
-    if (round.busy.size > 0) return { found: "busy", promoted: 0 };
-    const acked = round.keys === null || round.keys.includes(key(w.held));
-    return { found: acked ? "acked" : "lost", promoted: round.next.length };
-  }
+  const { session } = options;
 
   return async function begin(): Promise<LeaseTransaction> {
     const client = await session.connect();
@@ -80,7 +45,7 @@ export function handlerTransactions(options: HandlerTransactionOptions): () => P
         // Only an ack with keyed follow-ups keeps locks from a busy try (the follow-up keys it did take).
         const guarded = w.followUps?.some((f) => f.key !== null) ?? false;
         if (guarded) await session.control(client, SAVEPOINT);
-        const answer = await ackInTransaction(runIn, w);
+        const answer = await ackInTransaction(options, runIn, w);
         if (answer.found === "busy" && guarded) await session.control(client, ROLLBACK_TO_SAVEPOINT);
         promoted += answer.promoted;
         return answer.found;
@@ -108,4 +73,41 @@ export function handlerTransactions(options: HandlerTransactionOptions): () => P
       },
     };
   };
+}
+
+/**
+ * One try of the ack of `w` on a handler's connection, in its transaction: the very statements of the
+ * batched ack, with no hand-off (the successor of a key is promoted, and fetched as usual). → what it
+ * found, and how many new heads it made (announced once the transaction commits).
+ */
+async function ackInTransaction(
+  options: HandlerTransactionOptions,
+  run: Runner,
+  w: AckWrite,
+): Promise<{ found: "acked" | "lost" | "busy"; promoted: number }> {
+  const { sql, followUps, rounds } = options;
+  const ws = [w];
+  const follows = w.followUps !== undefined && w.followUps.length > 0;
+  if (w.held.key === null && !w.followUps?.some((f) => f.key !== null)) {
+    const follow = follows ? followUps.params(ws) : undefined;
+    const [result] = follow
+      ? await insertingFollowUps(() => run(sql.ackFollowUps, { ...pairs(held(ws)), ...follow }))
+      : await run(sql.ack, pairs(held(ws)));
+    return { found: result?.deleted === 1 ? "acked" : "lost", promoted: 0 };
+  }
+  const noHandOff = {
+    limit: 0,
+    token: randomUUID(),
+    leaseTtlMs: options.leaseTtlMs,
+    workerId: options.workerId,
+  };
+  const round =
+    w.held.key === null
+      ? await rounds.ackFollowUpKeys(ws, run)
+      : follows
+        ? await rounds.ackFollowUps(ws, noHandOff, run)
+        : await rounds.ack(ws, noHandOff, run);
+  if (round.busy.size > 0) return { found: "busy", promoted: 0 };
+  const acked = round.keys === null || round.keys.includes(key(w.held));
+  return { found: acked ? "acked" : "lost", promoted: round.next.length };
 }

@@ -6,17 +6,18 @@ import type { InboxStore } from "../contract/inbox.js";
 import { Dispatcher } from "../dispatch/dispatcher.js";
 import { LocalQueue } from "../dispatch/local-queue.js";
 import { Fetcher } from "../fetch/fetcher.js";
-import { type HeldRow, heldRows, isLive, lose } from "../lease/held.js";
+import { type HeldRow, heldRows, lose } from "../lease/held.js";
 import type { LeaseStore } from "../lease/store.js";
 import { type StopResult, stopEngine } from "./engine-stop.js";
 import type { LeasePhase, WorkerEmitter } from "./events.js";
+import { fetchLease } from "./fetch-lease.js";
 import { HandBack } from "./hand-back.js";
-import { HeldSet, liveTokens, payloadBytes } from "./held-set.js";
+import { HeldSet, renewable } from "./held-set.js";
 import type { LoopHealth } from "./loop-health.js";
 import type { ResolvedOptions } from "./options.js";
-import { reportLanded } from "./outcome-report.js";
 import { OwnLeases } from "./own-leases.js";
 import { Prefetch } from "./prefetch.js";
+import { dispatchReports, reportLanded, reportLongWait } from "./reports.js";
 
 export { type StopResult, within } from "./engine-stop.js";
 
@@ -111,26 +112,7 @@ export function createEngine(deps: EngineDeps): Engine {
         heldBytes: held.bytes,
         handlerMs: dispatcher.handlerMs,
       }),
-    lease: async (limit) => {
-      const started = performance.now();
-      prefetch.reserve(limit);
-      try {
-        // The statement stops at the bytes left. It always takes one row, so a row larger than the budget
-        // is still delivered: what is held can pass the budget by that one row.
-        const lease = await store.lease(
-          limit,
-          Math.max(1, options.maxHeldBytes - held.bytes),
-          liveTokens(held),
-        );
-        let bytes = 0;
-        for (const row of lease.rows) bytes += payloadBytes(row);
-        prefetch.fetched(lease.rows.length, bytes, performance.now() - started);
-        health.recovered("fetch");
-        return { rows: heldRows(lease.token, lease.rows), more: lease.more };
-      } finally {
-        prefetch.unreserve();
-      }
-    },
+    lease: fetchLease({ store, prefetch, held, health, maxHeldBytes: options.maxHeldBytes }),
     deliver: (batch) => take(batch),
     onError: (error, n) => health.failed("fetch", error, n),
     onFatal: deps.onFatal,
@@ -194,22 +176,7 @@ export function createEngine(deps: EngineDeps): Engine {
         }
       : {}),
     ...(deps.inbox ? { inbox: deps.inbox } : {}),
-    dispatched: (h) => {
-      // Guarded: an event object per message is measurable at tens of thousands a second.
-      if (emitter.hasListeners("dispatched")) {
-        emitter.emit("dispatched", { id: h.row.id, queue: h.row.queue, deliveries: h.row.deliveries_count });
-      }
-    },
-    strategyProblem: (h, problem) =>
-      log.warn({ id: h.row.id, queue: h.row.queue, problem }, "retry strategy returned an unusable delay"),
-    timedOut: (h, timeoutMs, stillRunning) => {
-      const { id, queue: q } = h.row;
-      log.warn(
-        { id, queue: q, timeoutMs, stillRunning },
-        "handler timed out: its signal is aborted, the attempt counts as a failure and the message is retried",
-      );
-      emitter.emit("handler_timeout", { id, queue: q, timeoutMs, stillRunning });
-    },
+    ...dispatchReports(deps),
   });
 
   // Completion: outcomes written in batches; a keyed one may hand the key's next row straight to the queue.
@@ -238,16 +205,7 @@ export function createEngine(deps: EngineDeps): Engine {
       },
     },
     flushed: () => fetcher.slotsFreed(),
-    longWait: {
-      afterMs: LONG_WAIT_MS,
-      report: (o, waitedMs) => {
-        const { id, queue: q, key } = o.held.row;
-        log.warn(
-          { id, queue: q, key, waitedMs },
-          "completion waiting on a producer's open transaction on its key: the key goes on once it commits",
-        );
-      },
-    },
+    longWait: { afterMs: LONG_WAIT_MS, report: (o, waitedMs) => reportLongWait(deps, o, waitedMs) },
     onError: (error, n) => health.failed("complete", error, n),
     onFatal: deps.onFatal,
   });
@@ -267,15 +225,7 @@ export function createEngine(deps: EngineDeps): Engine {
     intervalMs: options.heartbeatMs,
     store,
     collect: () => {
-      // While outcome writes fail, their rows are not renewed: a lease kept alive for an outcome that
-      // cannot be written would lock the row to this worker for as long as the writes keep failing.
-      const stalled = completer.failing;
-      const rows: HeldRow[] = [];
-      for (const h of held) {
-        if (h.writing || !isLive(h)) continue;
-        if (stalled && h.state === "completing") continue;
-        rows.push(h);
-      }
+      const rows = renewable(held, completer.failing);
       own.wrote(rows);
       return rows;
     },

@@ -52,3 +52,18 @@ export function liveTokens(held: Iterable<HeldRow>): string[] {
   for (const h of held) if (isLive(h)) tokens.add(h.token);
   return [...tokens];
 }
+
+/**
+ * The held deliveries whose leases the heartbeat renews: live ones not being written. While outcome writes
+ * fail (`stalled`), their rows are not renewed: a lease kept alive for an outcome that cannot be written
+ * would lock the row to this worker for as long as the writes keep failing.
+ */
+export function renewable(held: Iterable<HeldRow>, stalled: boolean): HeldRow[] {
+  const rows: HeldRow[] = [];
+  for (const h of held) {
+    if (h.writing || !isLive(h)) continue;
+    if (stalled && h.state === "completing") continue;
+    rows.push(h);
+  }
+  return rows;
+}
