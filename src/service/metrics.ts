@@ -11,7 +11,7 @@ import { createRelayGauges } from "./relay-gauges.js";
 import type { RelayStatus } from "./relay-status.js";
 import { createTableGauges } from "./table-gauges.js";
 import { createTopicGauges } from "./topic-gauges.js";
-import { createWorkerEventMetrics } from "./worker-event-metrics.js";
+import { workerEventCounters, workerEventMetrics, workerEventTimings } from "./worker-event-metrics.js";
 
 export { OTHER_TOPICS_LABEL } from "./topic-gauges.js";
 
@@ -54,8 +54,10 @@ export function createMetrics(opts: MetricsOptions): Metrics {
     collectDefaultMetrics({ register: registry });
   }
   const make = metricMakers(registry);
-  const events = createWorkerEventMetrics(make);
+  // Registered in the order the exposition has always listed them.
+  const counters = workerEventCounters(make);
   const refreshFailed = refreshFailures(make, log);
+  const events = workerEventMetrics(counters, workerEventTimings(make));
   const setQueueGauges = createQueueGauges(make);
   const setRelayGauges = createRelayGauges(make);
   const refreshTopics = createTopicGauges(make, log);

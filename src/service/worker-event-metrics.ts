@@ -22,8 +22,9 @@ export interface WorkerEventMetrics {
   observeRetention(retention: DeadLetterRetention): () => void;
 }
 
-export function createWorkerEventMetrics(make: MetricMakers): WorkerEventMetrics {
-  const { counter, gauge, registers } = make;
+/** The worker's and the retention job's event counters. */
+export function workerEventCounters(make: MetricMakers) {
+  const { counter } = make;
   const fetched = counter("outbox_fetched_total", "Rows leased by fetches.");
   const acked = counter("outbox_acked_total", "Messages handled and deleted.", ["queue"]);
   const deduped = counter(
@@ -57,6 +58,24 @@ export function createWorkerEventMetrics(make: MetricMakers): WorkerEventMetrics
     "Dead letters deleted by the retention job (deadLetterRetentionMs).",
     ["queue"],
   );
+  return {
+    fetched,
+    acked,
+    deduped,
+    retried,
+    dead,
+    leaseLost,
+    timeouts,
+    loopErrors,
+    released,
+    reclaimed,
+    expiredDead,
+  };
+}
+
+/** Handler run times, event-loop blocks and the LISTEN connection's state. */
+export function workerEventTimings(make: MetricMakers) {
+  const { gauge, registers } = make;
   const duration = new Histogram<"queue">({
     name: "outbox_handler_duration_seconds",
     help: "Handler run time of acked messages.",
@@ -72,6 +91,17 @@ export function createWorkerEventMetrics(make: MetricMakers): WorkerEventMetrics
   });
   const listener = gauge("outbox_listener_state", "1 for the LISTEN connection's current state.", ["state"]);
   for (const state of LISTENER_STATES) listener.set({ state }, 0);
+  return { duration, blocked, listener };
+}
+
+/** Counts the events of workers and retention jobs on the counters and timings. */
+export function workerEventMetrics(
+  counters: ReturnType<typeof workerEventCounters>,
+  timings: ReturnType<typeof workerEventTimings>,
+): WorkerEventMetrics {
+  const { fetched, acked, deduped, retried, dead, leaseLost, timeouts, loopErrors, released, reclaimed } =
+    counters;
+  const { duration, blocked, listener } = timings;
 
   function observe(worker: Worker): () => void {
     const offs = [
@@ -102,6 +132,7 @@ export function createWorkerEventMetrics(make: MetricMakers): WorkerEventMetrics
 
   return {
     observe,
-    observeRetention: (retention) => retention.onExpired((e) => expiredDead.inc({ queue: e.queue }, e.count)),
+    observeRetention: (retention) =>
+      retention.onExpired((e) => counters.expiredDead.inc({ queue: e.queue }, e.count)),
   };
 }
