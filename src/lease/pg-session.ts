@@ -36,7 +36,7 @@ export interface PgSession {
   /** Wakes the workers of `queue` on `channel`, on the pool (never named). */
   notify(channel: string, queue: string): Promise<unknown[]>;
   connect(): Promise<pg.PoolClient>;
-  /** See {@link PgLeaseStore.useUnnamedStatements}. */
+  /** Every statement from now on is unnamed → false when they already were. */
   useUnnamedStatements(): boolean;
 }
 
