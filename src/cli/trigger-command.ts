@@ -3,6 +3,7 @@ import {
   enableNotifyTrigger,
   isNotifyTriggerEnabled,
 } from "../migrate/notify-trigger.js";
+import { BEGIN, COMMIT } from "../sql/transaction.js";
 import { parseCommandArgs, UsageError, withDatabase } from "./args.js";
 import { type CliIo, print } from "./io.js";
 
@@ -33,10 +34,10 @@ export async function triggerCommand(argv: string[], io: CliIo): Promise<number>
       );
       return 0;
     }
-    await client.query("BEGIN");
+    await client.query(BEGIN.text);
     if (action === "enable") await enableNotifyTrigger(client, schema);
     else await disableNotifyTrigger(client, schema);
-    await client.query("COMMIT");
+    await client.query(COMMIT.text);
     print(io, `wake-up trigger on "${schema}".messages ${action}d`);
     return 0;
   });
