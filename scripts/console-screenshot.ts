@@ -13,8 +13,8 @@ import { createMetrics } from "../src/service/metrics.js";
 import { createReadiness } from "../src/service/readiness.js";
 import { outboxNames } from "../src/sql/names.js";
 import { createWorker } from "../src/worker/worker.js";
-import { seedConsoleDemo } from "../test/console-seed.js";
-import { launchChromium } from "../test/helpers/chromium.js";
+import { launchChromium } from "./support/chromium.js";
+import { seedConsoleDemo } from "./support/console-seed.js";
 
 const OUT = "docs/console.png";
 const url = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";

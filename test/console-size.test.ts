@@ -1,9 +1,9 @@
 import path from "node:path";
 import type { Browser, Page } from "playwright-core";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { chromiumMissing, launchChromium } from "../scripts/support/chromium.js";
 import { serviceConfigSchema } from "../src/service/config.js";
 import { type RunningService, startService } from "../src/service/service.js";
-import { chromiumMissing, launchChromium } from "./helpers/chromium.js";
 import { testDatabase } from "./helpers/database.js";
 import { memoryLogger } from "./helpers/memory-logger.js";
 import { startTcpProxy, type TcpProxy } from "./helpers/tcp-proxy.js";

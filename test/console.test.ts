@@ -4,11 +4,7 @@ import path from "node:path";
 import type { Logger } from "pino";
 import type { Browser } from "playwright-core";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { createHistory } from "../src/console/history.js";
-import { ConfigError, loadServiceConfig, serviceConfigSchema } from "../src/service/config.js";
-import { type RunningService, startService } from "../src/service/service.js";
-import { subscribe } from "../src/subscribe/subscriptions.js";
-import type { Worker } from "../src/worker/worker.js";
+import { chromiumMissing, launchChromium } from "../scripts/support/chromium.js";
 import {
   HOSTILE_ERROR,
   HOSTILE_PAYLOAD,
@@ -16,8 +12,12 @@ import {
   SEEDED_SUBSCRIPTIONS,
   SEEDED_UNROUTED,
   seedConsoleDemo,
-} from "./console-seed.js";
-import { chromiumMissing, launchChromium } from "./helpers/chromium.js";
+} from "../scripts/support/console-seed.js";
+import { createHistory } from "../src/console/history.js";
+import { ConfigError, loadServiceConfig, serviceConfigSchema } from "../src/service/config.js";
+import { type RunningService, startService } from "../src/service/service.js";
+import { subscribe } from "../src/subscribe/subscriptions.js";
+import type { Worker } from "../src/worker/worker.js";
 import { runCli } from "./helpers/cli-in-process.js";
 import { testDatabase } from "./helpers/database.js";
 import { type LogLine, memoryLogger } from "./helpers/memory-logger.js";

@@ -3,12 +3,12 @@ import pino from "pino";
 import { describe, expect, it } from "vitest";
 import type { MessageContext } from "../src/contract/handler.js";
 import { PermanentError, TransientError } from "../src/contract/handler-errors.js";
-import { MemoryLeaseStore, MemoryTable } from "../src/lease/memory-store.js";
 import type { Delivery } from "../src/lease/store.js";
 import { createEngine, type Engine, type StopResult } from "../src/worker/engine.js";
 import { WorkerEmitter, type WorkerEventName } from "../src/worker/events.js";
 import { LoopHealth } from "../src/worker/loop-health.js";
 import { resolveWorkerOptions } from "../src/worker/options.js";
+import { MemoryLeaseStore, MemoryTable } from "./helpers/memory-store.js";
 import { Journal, RecordingStore, type StoreCall, type StoreRecord } from "./helpers/recording-store.js";
 
 /**

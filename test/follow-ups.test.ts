@@ -1,6 +1,6 @@
 import { beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { z } from "zod";
-import { constant, defineQueue, followUp, type Worker } from "../src/index.js";
+import { constant, defineQueue, followUp, OutboxError, type Worker } from "../src/index.js";
 import { testDatabase } from "./helpers/database.js";
 import { type LogLine, memoryLogger } from "./helpers/memory-logger.js";
 import { nextEvent, publisherFor, until, workerFactory } from "./helpers/worker.js";
@@ -456,6 +456,7 @@ describe("an invalid follow-up fails the handler", () => {
     });
     await until(async () => (await count("late")) === 0, "acknowledged");
     expect(() => late?.()).toThrow(/after the handler returned/);
+    expect(() => late?.()).toThrow(OutboxError);
     expect(await count("never")).toBe(0);
   });
 

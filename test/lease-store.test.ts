@@ -1,8 +1,8 @@
 import { beforeAll } from "vitest";
-import { MemoryLeaseStore, MemoryTable } from "../src/lease/memory-store.js";
 import { createPgLeaseStore } from "../src/lease/pg-store.js";
 import { type LeaseStoreHarness, leaseStoreContract } from "./contracts/lease-store.js";
 import { testDatabase } from "./helpers/database.js";
+import { MemoryLeaseStore, MemoryTable } from "./helpers/memory-store.js";
 
 const QUEUES = ["a", "b"];
 const DEFAULTS = { leaseTtlMs: 30_000, workerId: "w", maxErrorLength: 4000 };

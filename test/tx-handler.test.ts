@@ -1,6 +1,13 @@
 import type pg from "pg";
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { constant, followUp, handleInTransaction, type LeasePhase, transactionKysely } from "../src/index.js";
+import {
+  constant,
+  followUp,
+  handleInTransaction,
+  type LeasePhase,
+  OutboxError,
+  transactionKysely,
+} from "../src/index.js";
 import { testHandler } from "../src/testing/harness.js";
 import { testDatabase } from "./helpers/database.js";
 import { publisherFor, until, workerFactory } from "./helpers/worker.js";
@@ -78,7 +85,7 @@ describe("handlers that commit with their ack", () => {
 
   it("Kysely form: transactionKysely writes in the ack's transaction; its own transaction() is refused", async () => {
     await publish("kysely", [{ payload: { i: 1 } }, { payload: { i: 2 } }]);
-    const refusals: string[] = [];
+    const refusals: Error[] = [];
     interface Db {
       effects: { message_id: string; i: number };
     }
@@ -91,7 +98,7 @@ describe("handlers that commit with their ack", () => {
           await k
             .transaction()
             .execute(async () => {})
-            .catch((e: Error) => refusals.push(e.message));
+            .catch((e: Error) => refusals.push(e));
         }),
       },
     });
@@ -99,7 +106,8 @@ describe("handlers that commit with their ack", () => {
     const { rows } = await db.pool.query(`SELECT i FROM ${effects} ORDER BY i`);
     expect(rows.map((r) => r.i)).toEqual([1, 2]);
     expect(refusals).toHaveLength(2);
-    expect(refusals[0]).toMatch(/already runs inside the transaction/);
+    expect(refusals[0]?.message).toMatch(/already runs inside the transaction/);
+    expect(refusals[0]).toBeInstanceOf(OutboxError);
   });
 
   it("a handler that throws rolls back its writes and the message is retried", async () => {
@@ -349,5 +357,6 @@ describe("handlers that commit with their ack", () => {
     afterAck.open();
     await until(() => late !== undefined, "the handler ran");
     await expect(late).rejects.toThrow(/used after the handler returned/);
+    await expect(late).rejects.toBeInstanceOf(OutboxError);
   });
 });

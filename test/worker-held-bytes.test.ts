@@ -1,12 +1,12 @@
 import { randomBytes } from "node:crypto";
 import pino from "pino";
 import { beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { MemoryLeaseStore, MemoryTable } from "../src/lease/memory-store.js";
 import { createEngine } from "../src/worker/engine.js";
 import { WorkerEmitter } from "../src/worker/events.js";
 import { LoopHealth } from "../src/worker/loop-health.js";
 import { resolveWorkerOptions } from "../src/worker/options.js";
 import { testDatabase } from "./helpers/database.js";
+import { MemoryLeaseStore, MemoryTable } from "./helpers/memory-store.js";
 import { until, workerFactory } from "./helpers/worker.js";
 
 // Issue 26 (DESIGN §4, invariant 19): 500 rows of 1 MB, batchSize 500, ten 200 ms handlers: a worker held

@@ -1,10 +1,11 @@
 import { parseArgs } from "node:util";
 import type pg from "pg";
+import { OutboxError } from "../contract/errors.js";
 import { DEFAULT_SCHEMA, validateSchemaName } from "../sql/names.js";
 import { editDistance } from "../util/edit-distance.js";
 
 /** Thrown for a wrong command line; main prints it with the command's usage and exits 2. */
-export class UsageError extends Error {
+export class UsageError extends OutboxError {
   override name = "UsageError";
 }
 

@@ -1,4 +1,4 @@
-import { OutboxConfigError } from "../contract/errors.js";
+import { OutboxConfigError, OutboxError } from "../contract/errors.js";
 import { validateQueueName } from "../contract/queue.js";
 import { topicMatches, validateTopicName, validateTopicPattern } from "../contract/topic.js";
 import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
@@ -97,7 +97,7 @@ function explained(error: unknown, schema: string, access: Access): unknown {
   else if (code === "42P01") {
     fix = `no ${outboxNames(schema).subscriptions}: run outbox-worker migrate --schema ${schema} (topics need migration 0012)`;
   }
-  return fix === undefined ? error : new Error(`${(error as Error).message}: ${fix}`, { cause: error });
+  return fix === undefined ? error : new OutboxError(`${(error as Error).message}: ${fix}`, { cause: error });
 }
 
 /** The two positionals TOPIC and QUEUE, checked before anything connects. */

@@ -1,5 +1,5 @@
 import type { IncomingMessage } from "node:http";
-import { OutboxConfigError } from "../contract/errors.js";
+import { OutboxConfigError, OutboxError } from "../contract/errors.js";
 import {
   getDeadLetter,
   purgeDeadLetters,
@@ -14,7 +14,7 @@ import { parseDuration } from "../util/duration.js";
 import type { History } from "./history.js";
 
 /** A request the console refuses as malformed: its message goes back to the page (as text). */
-export class BadRequest extends Error {
+export class BadRequest extends OutboxError {
   override name = "BadRequest";
 }
 

@@ -14,6 +14,7 @@ import {
   type PostgresPoolClient,
   type TransactionSettings,
 } from "kysely";
+import { OutboxError } from "./errors.js";
 import type { MessageContext, TransactionClient } from "./handler.js";
 
 const REFUSED =
@@ -29,13 +30,13 @@ class InTransactionDriver implements Driver {
     return this.inner.acquireConnection();
   }
   beginTransaction(_connection: DatabaseConnection, _settings: TransactionSettings): Promise<void> {
-    return Promise.reject(new Error(REFUSED));
+    return Promise.reject(new OutboxError(REFUSED));
   }
   commitTransaction(): Promise<void> {
-    return Promise.reject(new Error(REFUSED));
+    return Promise.reject(new OutboxError(REFUSED));
   }
   rollbackTransaction(): Promise<void> {
-    return Promise.reject(new Error(REFUSED));
+    return Promise.reject(new OutboxError(REFUSED));
   }
   releaseConnection(connection: DatabaseConnection): Promise<void> {
     return this.inner.releaseConnection(connection);
@@ -75,7 +76,7 @@ const cache = new WeakMap<TransactionClient, Kysely<unknown>>();
 export function transactionKysely<DB>(message: Pick<MessageContext, "transaction" | "queue">): Kysely<DB> {
   const client = message.transaction;
   if (!client) {
-    throw new Error(
+    throw new OutboxError(
       `transactionKysely: queue "${message.queue}" does not run its handler in a transaction (set transaction: true, or use handleInTransaction)`,
     );
   }

@@ -5,6 +5,7 @@
  * the few names a relay sets inline (signing headers, Nats-Msg-Id, AMQP properties) are listed by hand,
  * and test/consumer-examples.test.ts checks those against messages the relays really send.
  */
+import { OutboxError } from "../contract/errors.js";
 import type { MessageContext } from "../contract/handler.js";
 import {
   type CloudEventNaming,
@@ -106,7 +107,7 @@ export function describeHeader(name: string): string {
   }
   const meaning = OTHER_MEANING[name] ?? ATTRIBUTE_MEANING[name];
   if (meaning !== undefined) return meaning;
-  throw new Error(`no description for relay header "${name}": add it to src/describe/transports.ts`);
+  throw new OutboxError(`no description for relay header "${name}": add it to src/describe/transports.ts`);
 }
 
 const OTHER_MEANING: Record<string, string> = {

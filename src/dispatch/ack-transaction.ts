@@ -5,6 +5,7 @@
  */
 
 import type pg from "pg";
+import { OutboxError } from "../contract/errors.js";
 import type { TransactionClient } from "../contract/handler.js";
 import { type HeldRow, isLive } from "../lease/held.js";
 import type { OutcomeOf } from "../lease/outcome.js";
@@ -35,7 +36,7 @@ export interface AckTransactionOptions {
 }
 
 /** A key was busy for longer than the handler's time allows: the transaction is rolled back and retried. */
-export class KeyBusyError extends Error {
+export class KeyBusyError extends OutboxError {
   override name = "KeyBusyError";
   readonly transient = true;
 }
@@ -47,7 +48,7 @@ export class KeyBusyError extends Error {
  */
 export function handlerClient(client: pg.PoolClient, open: () => boolean): TransactionClient {
   const query = (...args: unknown[]) => {
-    if (!open()) throw new Error("message.transaction used after the handler returned: it is closed");
+    if (!open()) throw new OutboxError("message.transaction used after the handler returned: it is closed");
     return (client.query as (...a: unknown[]) => unknown)(...args);
   };
   return { query: query as pg.ClientBase["query"] };

@@ -4,6 +4,7 @@
  * for the completer.
  */
 
+import { OutboxError } from "../contract/errors.js";
 import { FOLLOW_UPS_REFUSED } from "../contract/follow-up.js";
 import type { MessageContext, ResolvedQueue, TransactionClient } from "../contract/handler.js";
 import { TransientError } from "../contract/handler-errors.js";
@@ -103,7 +104,7 @@ class Context implements MessageContext {
   publish<I, O>(queue: QueueDefinition<I, O> | string, payload: I, options?: PublishOptions): void {
     // After the handler settled (a late call from a timed-out or fire-and-forget task) the outcome is
     // already decided: a follow-up added now would ride a later write or none. Refuse it loudly instead.
-    if (this.#sealed) throw new Error("message.publish called after the handler returned");
+    if (this.#sealed) throw new OutboxError("message.publish called after the handler returned");
     this.followUps ??= new FollowUps();
     this.followUps.add(queue, payload, options);
   }
@@ -312,7 +313,7 @@ export class Dispatcher {
     const transactions = this.deps.transactions;
     let tx: LeaseTransaction;
     try {
-      if (!transactions) throw new Error("this worker's store cannot run handlers in a transaction");
+      if (!transactions) throw new OutboxError("this worker's store cannot run handlers in a transaction");
       tx = await transactions.begin();
     } catch (error) {
       // No connection (the pool or the database is failing): the handler has not run; retried, not counted.
@@ -333,7 +334,7 @@ export class Dispatcher {
     if (outcome.kind !== "ack") {
       // The handler threw or timed out: its writes are rolled back. A timed-out handler may still have a
       // query running on the connection: it is destroyed, never handed back to the pool dirty.
-      await tx.rollback(running.expired ? new Error("handler timed out") : undefined);
+      await tx.rollback(running.expired ? new OutboxError("handler timed out") : undefined);
       return outcome;
     }
     const end = await commitWithAck(tx, outcome, {

@@ -1,3 +1,5 @@
+import { OutboxError } from "../contract/errors.js";
+
 /**
  * The bounded buffer between the fetcher and the dispatch loops.
  *
@@ -40,7 +42,7 @@ export class LocalQueue<T> {
 
   /** Adds all items or none: throws if closed or if they would not fit in `free`. */
   push(items: readonly T[]): void {
-    if (this.#closed) throw new Error("LocalQueue is closed");
+    if (this.#closed) throw new OutboxError("LocalQueue is closed");
     if (items.length > this.free) {
       throw new RangeError(`LocalQueue overflow: ${items.length} items pushed, ${this.free} free`);
     }

@@ -509,7 +509,7 @@ function withDeadline<T>(promise: Promise<T>, deadline: number, what: string): P
 function withTimeout<T>(promise: Promise<T>, ms: number, what = "operation"): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`${what} timed out after ${ms} ms`)), ms);
+    timer = setTimeout(() => reject(new OutboxError(`${what} timed out after ${ms} ms`)), ms);
   });
   return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
 }

@@ -1,3 +1,5 @@
+import { OutboxError } from "../contract/errors.js";
+
 /**
  * One received CloudEvent, as every transport's decoder hands it to the handler. Attribute values are
  * decoded (percent-decoding undone where the binding applies it).
@@ -28,7 +30,7 @@ export interface InboxEvent {
 }
 
 /** An event that cannot be read: a required attribute missing, bad encoding, data that is not JSON. */
-export class MalformedEventError extends Error {
+export class MalformedEventError extends OutboxError {
   override name = "MalformedEventError";
   constructor(
     /** The attribute, header or field at fault. */

@@ -1,6 +1,6 @@
 import { setTimeout as delay } from "node:timers/promises";
 import pg from "pg";
-import { MigrationError } from "../contract/errors.js";
+import { MigrationError, OutboxError } from "../contract/errors.js";
 import { type AppliedMigrationRow, migrationStatements } from "../sql/migrations.js";
 import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
 import {
@@ -170,7 +170,7 @@ async function applyInTransactionRetrying(
       const code = (error as { code?: unknown }).code;
       if (code !== LOCK_NOT_AVAILABLE || attempt >= LOCK_ATTEMPTS) {
         if (code === LOCK_NOT_AVAILABLE) {
-          throw new Error(
+          throw new OutboxError(
             `a table lock was not available in ${LOCK_ATTEMPTS} tries: a long transaction on the outbox tables holds it (see pg_stat_activity)`,
             { cause: error },
           );

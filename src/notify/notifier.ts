@@ -1,6 +1,7 @@
 import { randomUUID } from "node:crypto";
 import pg from "pg";
 import pgListen, { type PgParsedNotification, type Subscriber } from "pg-listen";
+import { OutboxError } from "../contract/errors.js";
 import { runQuery } from "../sql/executor.js";
 import { notifyStatement } from "../sql/probes.js";
 
@@ -174,7 +175,7 @@ class ListenNotifier implements Notifier {
     const abortIfRetired = (): void => {
       // pg-listen's reconnect loop has no cancel: close() only stops it from *starting*. Throwing from
       // its retryInterval / "reconnect" callbacks is the one way to end a loop already running.
-      if (gen.retired) throw new Error("notifier: subscriber retired");
+      if (gen.retired) throw new OutboxError("notifier: subscriber retired");
     };
     const gen: Generation = {
       subscriber: pgListen.default(
@@ -271,7 +272,7 @@ class ListenNotifier implements Notifier {
       if (this.#settled !== "poll_only") {
         this.#report(
           "self-test failed",
-          new Error(
+          new OutboxError(
             `LISTEN "${this.#opts.channel}" did not receive its own test notification within ${this.#selfTestTimeoutMs} ms; ` +
               "a transaction-mode pooler such as PgBouncer accepts LISTEN but never delivers. " +
               "Wake-ups are off: the worker relies on polling until a later self-test passes.",
@@ -406,7 +407,7 @@ class ListenNotifier implements Notifier {
     if (!TRANSITIONS[this.#state].includes(state)) {
       // After stop() late events change nothing; anything else would be a bug in the table or the caller.
       if (this.#state !== "stopped")
-        this.#report("state", new Error(`no transition ${this.#state} → ${state}`));
+        this.#report("state", new OutboxError(`no transition ${this.#state} → ${state}`));
       return;
     }
     this.#state = state;
@@ -416,7 +417,7 @@ class ListenNotifier implements Notifier {
   #report(what: string, error: unknown): void {
     if (this.#stopping) return;
     const cause = errorOf(error);
-    const wrapped = new Error(`notifier (${this.#opts.channel}): ${what}: ${cause.message}`, { cause });
+    const wrapped = new OutboxError(`notifier (${this.#opts.channel}): ${what}: ${cause.message}`, { cause });
     const onError = this.#opts.onError;
     if (onError) this.#safely(() => onError(wrapped), false);
   }
@@ -441,7 +442,7 @@ function withTimeout<T>(promise: Promise<T> | undefined, ms: number, what: strin
   if (!promise) return Promise.resolve(undefined);
   let timer: NodeJS.Timeout | undefined;
   const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`${what} timed out after ${ms} ms`)), ms);
+    timer = setTimeout(() => reject(new OutboxError(`${what} timed out after ${ms} ms`)), ms);
   });
   return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
 }

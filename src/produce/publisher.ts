@@ -192,7 +192,7 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
       const queue = resolveQueue(queueRef).name;
       checkDedupeKey(queue, dedupeKey);
       const [row] = await run<CancelRow>(trx, sql.cancel, [queue, dedupeKey], statementOptions);
-      if (!row) throw new Error("outbox cancel returned no row");
+      if (!row) throw new OutboxError("outbox cancel returned no row");
       if (row.status === "not_found" || row.id === null) return { status: "not_found" };
       return { status: row.status, id: row.id };
     },
@@ -201,7 +201,7 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
       if (!tracingLoaded()) await loadTracing();
       const m = prepareTopicMessage(topicRef, payload, opts, config.maxPayloadBytes);
       const [event] = await fanOut(trx, m.queue, [m]);
-      if (!event) throw new Error("outbox fan-out returned no event");
+      if (!event) throw new OutboxError("outbox fan-out returned no event");
       return event;
     },
 
@@ -238,7 +238,7 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
         ? await run<InsertedRow>(trx, sql.insertOneNotify, [...values, names.channel], statementOptions)
         : await run<InsertedRow>(trx, sql.insertOne, values, statementOptions);
       const id = rows[0]?.id;
-      if (id === undefined) throw new Error("outbox insert returned no id");
+      if (id === undefined) throw new OutboxError("outbox insert returned no id");
       return String(id);
     }
     for (let round = 1; round <= DEDUPE_ROUNDS; round++) {
@@ -274,7 +274,7 @@ export function createPublisher(options: PublisherOptions = {}): Publisher {
         ? await run<InsertedRow>(trx, sql.insertManyNotify, [queue, batch, names.channel], statementOptions)
         : await run<InsertedRow>(trx, sql.insertMany, [queue, batch], statementOptions);
       if (rows.length !== items.length)
-        throw new Error(`outbox insert returned ${rows.length} ids for ${items.length} rows`);
+        throw new OutboxError(`outbox insert returned ${rows.length} ids for ${items.length} rows`);
       return rows.map((r) => String(r.id));
     }
     if (keyed !== items.length) {

@@ -1,4 +1,5 @@
 import type { z } from "zod";
+import { OutboxError } from "../contract/errors.js";
 import type { MessageContext } from "../contract/handler.js";
 import { PermanentError, TransientError } from "../contract/handler-errors.js";
 import { redactConnectionString } from "../util/redact.js";
@@ -179,7 +180,7 @@ export async function createHttpRelay(
     handler,
     health: async () => health.snapshot(),
     close: async () => {
-      closing.abort(new Error("relay closed"));
+      closing.abort(new OutboxError("relay closed"));
     },
   };
 }

@@ -2,6 +2,7 @@ import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { z } from "zod";
 import { ALLOWED_HOST_PATTERN, isLoopbackHost } from "../console/host-check.js";
+import { OutboxError } from "../contract/errors.js";
 import { validateQueueName } from "../contract/queue.js";
 import { validateTopicPattern } from "../contract/topic.js";
 import { relayConfigSchema } from "../relay/config.js";
@@ -249,7 +250,7 @@ function tuningFieldType(schema: z.ZodType): FieldType {
   while (inner.def.innerType) inner = inner.def.innerType as typeof inner;
   if (inner instanceof z.ZodBoolean) return "boolean";
   if (inner instanceof z.ZodNumber) return inner.isInt ? "integer" : "number";
-  throw new Error(`no environment type for a ${inner.def.type} tuning field`);
+  throw new OutboxError(`no environment type for a ${inner.def.type} tuning field`);
 }
 
 const envName = (key: string) => `OUTBOX_${key.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase()}`;
@@ -387,7 +388,7 @@ export const configFields: ConfigField[] = [
 ];
 
 /** Thrown for a config that cannot run; `problems` name each field (and its env variable) with a hint. */
-export class ConfigError extends Error {
+export class ConfigError extends OutboxError {
   override name = "ConfigError";
   constructor(readonly problems: string[]) {
     super(`invalid config:\n${problems.map((p) => `  - ${p}`).join("\n")}`);

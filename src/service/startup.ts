@@ -6,7 +6,7 @@
  */
 import type pg from "pg";
 import type { Logger } from "pino";
-import { MigrationError } from "../contract/errors.js";
+import { MigrationError, OutboxError } from "../contract/errors.js";
 import { describeTableHealth, tableHealth } from "../inspect/table-health.js";
 import { migrationState } from "../migrate/migrator.js";
 import { runQuery } from "../sql/executor.js";
@@ -22,7 +22,7 @@ import {
 import { scrubSecrets } from "../util/redact.js";
 
 /** The service cannot start; the message is one line for the operator (no stack trace is useful). */
-export class StartupError extends Error {
+export class StartupError extends OutboxError {
   override name = "StartupError";
 }
 

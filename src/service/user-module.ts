@@ -7,6 +7,7 @@ import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
+import { OutboxError } from "../contract/errors.js";
 
 const TYPESCRIPT = /\.[cm]?tsx?$/;
 
@@ -27,7 +28,7 @@ function findTsxApis(): string[] | undefined {
       const entries = ["./esm/api", "./cjs/api"].map((name) => {
         const entry = pkg.exports?.[name];
         const file = typeof entry === "object" ? entry.import?.default : undefined;
-        if (!file) throw new Error(`tsx has no ${name}`);
+        if (!file) throw new OutboxError(`tsx has no ${name}`);
         return path.join(path.dirname(manifest), file);
       });
       return entries;
@@ -42,7 +43,7 @@ function registerTypescript(file: string): Promise<void> {
   typescriptLoader ??= (async () => {
     const apis = findTsxApis();
     if (apis === undefined) {
-      throw new Error(
+      throw new OutboxError(
         `${file} is TypeScript, which Node ${process.version} cannot load by itself: install tsx (4 or later) in your project (npm install --save-dev tsx) and it is used automatically, or compile the file to JavaScript`,
       );
     }

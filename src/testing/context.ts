@@ -1,3 +1,4 @@
+import { OutboxError } from "../contract/errors.js";
 import type { MessageContext } from "../contract/handler.js";
 import type { PublishOptions } from "../contract/publish-options.js";
 import type { QueueDefinition } from "../contract/queue.js";
@@ -71,7 +72,7 @@ export class TestContext implements MessageContext {
 
   publish<I, O>(queue: QueueDefinition<I, O> | string, payload: I, options?: PublishOptions): void {
     // As the worker's context: once the outcome is decided, a late publish would ride no write.
-    if (this.#sealed) throw new Error("message.publish called after the handler returned");
+    if (this.#sealed) throw new OutboxError("message.publish called after the handler returned");
     this.#followUps.add(queue, payload, options);
   }
 

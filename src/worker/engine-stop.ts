@@ -1,6 +1,7 @@
 import type { Logger } from "pino";
 import type { Completer } from "../complete/completer.js";
 import type { Heartbeat } from "../complete/heartbeat.js";
+import { OutboxError } from "../contract/errors.js";
 import type { Dispatcher } from "../dispatch/dispatcher.js";
 import type { LocalQueue } from "../dispatch/local-queue.js";
 import type { Fetcher } from "../fetch/fetcher.js";
@@ -76,7 +77,7 @@ export async function stopEngine(
   let abandoned: string[] = [];
   const finished = await within(dispatcher.done(), left());
   if (!finished) {
-    const rows = dispatcher.abandon(new Error("worker stop timeout"));
+    const rows = dispatcher.abandon(new OutboxError("worker stop timeout"));
     for (const h of rows) held.delete(h);
     abandoned = rows.map((h) => h.row.id);
     log.warn({ abandoned }, "stop timeout: handlers aborted, their leases are left to expire");

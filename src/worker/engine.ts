@@ -1,7 +1,7 @@
 import type { Logger } from "pino";
 import { Completer, type Outcome } from "../complete/completer.js";
 import { Heartbeat } from "../complete/heartbeat.js";
-import { OutboxConfigError } from "../contract/errors.js";
+import { OutboxConfigError, OutboxError } from "../contract/errors.js";
 import type { InboxStore } from "../contract/inbox.js";
 import { Dispatcher } from "../dispatch/dispatcher.js";
 import { LocalQueue } from "../dispatch/local-queue.js";
@@ -211,7 +211,7 @@ export function createEngine(deps: EngineDeps): Engine {
   });
   /** A write or a renewal found another token on the row: the newer owner wins, this delivery is dropped. */
   function forget(h: HeldRow, phase: LeasePhase): void {
-    if (!lose(h, new Error("lease lost: another worker took this message over"))) return;
+    if (!lose(h, new OutboxError("lease lost: another worker took this message over"))) return;
     held.delete(h);
     queue.remove((x) => x === h);
     completer.forget(h);

@@ -1,4 +1,5 @@
 import type { Logger } from "pino";
+import { OutboxError } from "../contract/errors.js";
 import { type HeldRow, lose, settle } from "../lease/held.js";
 import type { LeaseStore } from "../lease/store.js";
 import type { LeasePhase, WorkerEmitter } from "./events.js";
@@ -55,7 +56,7 @@ export class HandBack {
           // Unreleased rows are not lost: their leases expire and another worker takes them. This worker
           // holds them no more (nor renews them).
           for (const h of rows) {
-            lose(h, new Error("could not hand back; its lease is left to expire"));
+            lose(h, new OutboxError("could not hand back; its lease is left to expire"));
             held.delete(h);
           }
           log.warn(

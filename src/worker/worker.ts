@@ -1,5 +1,6 @@
 import pg from "pg";
 import pino, { type Logger } from "pino";
+import { OutboxError } from "../contract/errors.js";
 import { createPgLeaseStore } from "../lease/pg-store.js";
 import { createNotifier, type Notifier } from "../notify/notifier.js";
 import { runQuery } from "../sql/executor.js";
@@ -89,7 +90,7 @@ export function createWorker(input: WorkerOptions): Worker {
 
   const store = createPgLeaseStore({
     pool: () => {
-      if (!pool) throw new Error("worker is not started");
+      if (!pool) throw new OutboxError("worker is not started");
       return pool;
     },
     names,
@@ -117,7 +118,7 @@ export function createWorker(input: WorkerOptions): Worker {
       ),
   });
   const workerPool = () => {
-    if (!pool) throw new Error("worker is not started");
+    if (!pool) throw new OutboxError("worker is not started");
     return pool;
   };
   // Only when a queue has an inbox: the others never run an inbox statement.
@@ -153,7 +154,7 @@ export function createWorker(input: WorkerOptions): Worker {
   let warnedPollOnly = false;
   const keyHeadRepair = new KeyHeadRepair({
     pool: () => {
-      if (!pool) throw new Error("worker is not started");
+      if (!pool) throw new OutboxError("worker is not started");
       return pool;
     },
     names,
@@ -165,7 +166,7 @@ export function createWorker(input: WorkerOptions): Worker {
   // After a database crash, rows whose outcome writes it undid are taken back at once (not after the TTL).
   const restartWatch = new RestartWatch({
     serverStarted: async () => {
-      if (!pool) throw new Error("worker is not started");
+      if (!pool) throw new OutboxError("worker is not started");
       const [row] = await runQuery(pool, serverStartedStatement, {}, { timeoutMs: options.queryTimeoutMs });
       return row?.started ?? "";
     },
@@ -202,7 +203,7 @@ export function createWorker(input: WorkerOptions): Worker {
   });
 
   async function start(): Promise<void> {
-    if (state !== "new") throw new Error(`worker cannot start: it is ${state}`);
+    if (state !== "new") throw new OutboxError(`worker cannot start: it is ${state}`);
     state = "running";
     // Whatever a driver error echoes of these URLs is masked in logs and stored errors.
     registerUrlSecrets(typeof options.connection === "string" ? options.connection : undefined);

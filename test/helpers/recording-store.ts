@@ -1,4 +1,3 @@
-import type { MemoryLeaseStore, MemoryTable } from "../../src/lease/memory-store.js";
 import type {
   AckWrite,
   DeadWrite,
@@ -10,6 +9,7 @@ import type {
   RetryWrite,
   RowFate,
 } from "../../src/lease/store.js";
+import type { MemoryLeaseStore, MemoryTable } from "./memory-store.js";
 
 export type StoreCall = "lease" | "ack" | "retry" | "deadLetter" | "release" | "renew" | "reclaim";
 

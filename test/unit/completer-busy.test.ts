@@ -1,8 +1,8 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { Completer, type CompleterDeps, type Outcome } from "../../src/complete/completer.js";
 import { type HeldRow, heldRows, startCompleting } from "../../src/lease/held.js";
-import { MemoryLeaseStore, MemoryTable } from "../../src/lease/memory-store.js";
 import type { AckWrite, Landed } from "../../src/lease/store.js";
+import { MemoryLeaseStore, MemoryTable } from "../helpers/memory-store.js";
 
 /**
  * An outcome the store answers busy (a producer of its key has not committed) is neither landed nor lost:

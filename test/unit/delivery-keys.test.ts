@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 import { Completer, type CompleterDeps, type Outcome } from "../../src/complete/completer.js";
 import { Heartbeat } from "../../src/complete/heartbeat.js";
 import { type HeldRow, heldRows, startCompleting } from "../../src/lease/held.js";
-import { MemoryLeaseStore, MemoryTable } from "../../src/lease/memory-store.js";
+import { MemoryLeaseStore, MemoryTable } from "../helpers/memory-store.js";
 
 /**
  * DESIGN §4.10: bookkeeping by (id, token). One worker can hold two deliveries of a row (its own lease ran

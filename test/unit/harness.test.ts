@@ -1,6 +1,6 @@
 import { describe, expect, it, vi } from "vitest";
 import { z } from "zod";
-import { OutboxConfigError } from "../../src/contract/errors.js";
+import { OutboxConfigError, OutboxError } from "../../src/contract/errors.js";
 import { followUp } from "../../src/contract/follow-up.js";
 import type { MessageContext } from "../../src/contract/handler.js";
 import { PermanentError, TransientError } from "../../src/contract/handler-errors.js";
@@ -127,6 +127,7 @@ describe("publish after the handler returned", () => {
     })({});
     expect(outcome).toMatchObject({ kind: "acked", followUps: [] });
     expect(() => late?.publish("too-late", {})).toThrow("message.publish called after the handler returned");
+    expect(() => late?.publish("too-late", {})).toThrow(OutboxError);
   });
 });
 

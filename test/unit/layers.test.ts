@@ -108,4 +108,20 @@ describe("layers", () => {
     expect(seen.some((a) => a.from === "worker" && a.to === "lease")).toBe(true);
     expect(seen.some((a) => a.from === "complete" && a.to === "lease")).toBe(true);
   });
+
+  it("nothing under scripts/ imports from test/ (what both need lives in scripts/support/)", () => {
+    const intoTest: string[] = [];
+    let imports = 0;
+    for (const file of sources("scripts")) {
+      const text = readFileSync(file, "utf8");
+      for (const match of text.matchAll(/(?:from\s+|import\s*\(\s*)"(\.{1,2}\/[^"]+)"/g)) {
+        imports++;
+        const target = path.relative(".", path.resolve(path.dirname(file), match[1] ?? ""));
+        if (target.split(path.sep)[0] === "test") intoTest.push(`${file}: ${match[1]}`);
+      }
+    }
+    // Not vacuous: the scripts do import relative paths (src/, scripts/support/).
+    expect(imports).toBeGreaterThan(0);
+    expect(intoTest).toEqual([]);
+  });
 });

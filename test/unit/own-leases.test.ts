@@ -1,9 +1,9 @@
 import pino from "pino";
 import { describe, expect, it } from "vitest";
-import { MemoryLeaseStore, MemoryTable } from "../../src/lease/memory-store.js";
 import type { Delivery } from "../../src/lease/store.js";
 import { WorkerEmitter } from "../../src/worker/events.js";
 import { OwnLeases } from "../../src/worker/own-leases.js";
+import { MemoryLeaseStore, MemoryTable } from "../helpers/memory-store.js";
 
 /** Which tokens a worker counts as its own, and what it takes back, on a memory store and a stopped clock. */
 function harness() {

@@ -59,4 +59,22 @@ describe("what the package ships", () => {
       }
     }
   });
+
+  it("ships no test-only code: the in-memory lease store stays in test/helpers/", async () => {
+    const { stdout } = await exec("npm", ["pack", "--dry-run", "--ignore-scripts", "--json"], {
+      timeout: 60_000,
+    });
+    const packed = (JSON.parse(stdout) as { files: { path: string }[] }[])[0]?.files.map((f) => f.path) ?? [];
+    expect(packed.some((f) => f.startsWith("dist/lease/"))).toBe(true);
+    expect(packed.filter((f) => /memory-store/.test(f))).toEqual([]);
+  });
+
+  it("ships the console's browser scripts compiled, not their TypeScript", async () => {
+    const { stdout } = await exec("npm", ["pack", "--dry-run", "--ignore-scripts", "--json"], {
+      timeout: 60_000,
+    });
+    const packed = (JSON.parse(stdout) as { files: { path: string }[] }[])[0]?.files.map((f) => f.path) ?? [];
+    const browser = packed.filter((f) => f.startsWith("dist/console/browser/")).sort();
+    expect(browser).toEqual(["dist/console/browser/console.js", "dist/console/browser/relays.js"]);
+  });
 });

@@ -1,6 +1,6 @@
 import type pg from "pg";
-import { outboxNames } from "../src/sql/names.js";
-import { subscribe } from "../src/subscribe/subscriptions.js";
+import { outboxNames } from "../../src/sql/names.js";
+import { subscribe } from "../../src/subscribe/subscriptions.js";
 
 /** The payload a console must show as text: were it markup, the page would set window.__pwned. */
 export const HOSTILE_PAYLOAD = {

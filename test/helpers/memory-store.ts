@@ -1,7 +1,6 @@
 import { randomUUID } from "node:crypto";
-import type { PreparedFollowUp } from "../contract/follow-up.js";
-import type { LeasedRow } from "../sql/fetch.js";
-import { QueueShares } from "./queue-shares.js";
+import type { PreparedFollowUp } from "../../src/contract/follow-up.js";
+import { QueueShares } from "../../src/lease/queue-shares.js";
 import {
   type AckWrite,
   allLanded,
@@ -12,7 +11,8 @@ import {
   type ReclaimedLease,
   type RetryWrite,
   type RowFate,
-} from "./store.js";
+} from "../../src/lease/store.js";
+import type { LeasedRow } from "../../src/sql/fetch.js";
 
 /** A row of the in-memory `messages` table: what the fetch statement and the writes read and set. */
 export interface MemoryRow {
