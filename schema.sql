@@ -116,40 +116,40 @@ ALTER TABLE outbox.subscriptions ADD CONSTRAINT subscriptions_queue_check CHECK 
 CREATE INDEX subscriptions_queue_idx ON outbox.subscriptions USING btree (queue);
 
 CREATE VIEW outbox.leases AS
- SELECT m.id,
-    m.queue,
-    m.acquired_at,
-    m.acquired_by,
-    m.lease_expires_at
+ SELECT id,
+    queue,
+    acquired_at,
+    acquired_by,
+    lease_expires_at
    FROM outbox.messages m
-  WHERE m.acquired_token IS NOT NULL;
+  WHERE acquired_token IS NOT NULL;
 
 CREATE VIEW outbox.unprocessed AS
- SELECT m.id,
-    m.queue,
-    m.key,
+ SELECT id,
+    queue,
+    key,
         CASE
-            WHEN m.acquired_token IS NULL AND NOT m.head THEN 'blocked'::text
-            WHEN m.acquired_token IS NULL AND m.available_at > now() THEN 'scheduled'::text
-            WHEN m.acquired_token IS NULL THEN 'ready'::text
-            WHEN m.lease_expires_at <= now() THEN 'lease_expired'::text
+            WHEN acquired_token IS NULL AND NOT head THEN 'blocked'::text
+            WHEN acquired_token IS NULL AND available_at > now() THEN 'scheduled'::text
+            WHEN acquired_token IS NULL THEN 'ready'::text
+            WHEN lease_expires_at <= now() THEN 'lease_expired'::text
             ELSE 'leased'::text
         END AS state,
-    now() - m.created_at AS age,
-    m.payload,
-    m.headers,
-    m.created_at,
-    m.available_at,
-    m.acquired_at,
-    m.acquired_by,
-    m.lease_expires_at,
-    m.deliveries_count,
-    m.attempts_count,
-    m.first_attempt_at,
-    m.last_attempt_at,
-    m.last_error,
-    m.failures_count,
-    m.head
+    now() - created_at AS age,
+    payload,
+    headers,
+    created_at,
+    available_at,
+    acquired_at,
+    acquired_by,
+    lease_expires_at,
+    deliveries_count,
+    attempts_count,
+    first_attempt_at,
+    last_attempt_at,
+    last_error,
+    failures_count,
+    head
    FROM outbox.messages m;
 
 CREATE OR REPLACE FUNCTION outbox.ack_key_heads(ids bigint[], tokens uuid[], queues text[], keys text[], hand_off integer, hand_token uuid, lease_ttl_ms double precision, worker_id text, wait_for_flush boolean)

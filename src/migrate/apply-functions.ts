@@ -82,7 +82,8 @@ async function applyOne(client: pg.ClientBase, file: FunctionFile, names: Outbox
   try {
     await client.query(body);
   } catch (error) {
-    if ((error as { code?: unknown }).code !== INVALID_FUNCTION_DEFINITION || before.length === 0) throw error;
+    if ((error as { code?: unknown }).code !== INVALID_FUNCTION_DEFINITION || before.length === 0)
+      throw error;
     await client.query("ROLLBACK TO SAVEPOINT function_file");
     for (const old of before) await client.query(sql.dropFunction(old.signature));
     await client.query(body);
@@ -92,7 +93,9 @@ async function applyOne(client: pg.ClientBase, file: FunctionFile, names: Outbox
   if (created.length === 0) return; // replaced in place: same oid, owner and grants
   const [fresh] = created;
   if (!fresh || created.length > 1) {
-    throw new MigrationError(`function file ${file.name}.sql must create one function, not ${created.length}`);
+    throw new MigrationError(
+      `function file ${file.name}.sql must create one function, not ${created.length}`,
+    );
   }
   // A new overload beside the old signature: the file owns the name, so the old one goes.
   for (const old of before) {

@@ -43,7 +43,9 @@ export async function loadFunctionFiles(dir: string): Promise<FunctionFile[]> {
   for (const entry of entries) {
     const name = FILE_NAME.exec(entry)?.[1];
     if (!name) {
-      throw new MigrationError(`function file "${entry}" must be named after its function: name.sql (lower-case)`);
+      throw new MigrationError(
+        `function file "${entry}" must be named after its function: name.sql (lower-case)`,
+      );
     }
     const template = (await readFile(path.join(dir, entry), "utf8")).replaceAll("\r\n", "\n");
     const defined = [...template.matchAll(DEFINITION)].map((m) => m[1]);

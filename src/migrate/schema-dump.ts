@@ -19,7 +19,8 @@ const header = `-- The outbox schema as a freshly migrated database has it: gene
  * are left out, so two schemas migrated alike compare equal in any database, on Postgres 15 to 18.
  */
 export async function dumpSchema(client: pg.ClientBase | pg.Pool, schema: string): Promise<string> {
-  const q = async (text: string, values: unknown[] = [schema]) => (await client.query<Row>(text, values)).rows;
+  const q = async (text: string, values: unknown[] = [schema]) =>
+    (await client.query<Row>(text, values)).rows;
   // One after the other: a pg.Client runs one query at a time.
   const tables = await q(schemaCatalog.tables);
   const columns = await q(schemaCatalog.columns);
@@ -36,7 +37,9 @@ export async function dumpSchema(client: pg.ClientBase | pg.Pool, schema: string
     const on = `ON ${kind} ${target}`;
     return [
       ...(column ? [] : [`REVOKE ALL ${on} FROM PUBLIC;`]),
-      ...rows.map((r) => `GRANT ${column ? `${r.privileges} (${column})` : r.privileges} ${on} TO ${r.grantee};`),
+      ...rows.map(
+        (r) => `GRANT ${column ? `${r.privileges} (${column})` : r.privileges} ${on} TO ${r.grantee};`,
+      ),
     ];
   };
   const s = outboxNames(schema).quotedSchema;
@@ -89,22 +92,40 @@ export async function dumpSchema(client: pg.ClientBase | pg.Pool, schema: string
     const withClause = options.length > 0 ? ` WITH (${[...options].sort().join(", ")})` : "";
     out.push(
       "",
-      `CREATE ${v.materialized ? "MATERIALIZED VIEW" : "VIEW"} ${name}${withClause} AS\n${String(v.definition).trimEnd()}`,
+      `CREATE ${v.materialized ? "MATERIALIZED VIEW" : "VIEW"} ${name}${withClause} AS\n${unqualified(String(v.definition).trimEnd())}`,
       ...(await acl("TABLE", name, v.acl, v.owner)),
     );
   }
 
   for (const f of functions) {
-    out.push("", `${String(f.definition).trimEnd()};`, ...(await acl("FUNCTION", String(f.signature), f.acl, f.owner)));
+    out.push(
+      "",
+      `${String(f.definition).trimEnd()};`,
+      ...(await acl("FUNCTION", String(f.signature), f.acl, f.owner)),
+    );
   }
 
   if (comments.length > 0) out.push("");
-  for (const c of comments) out.push(`COMMENT ON ${c.kind} ${c.target} IS ${quoteLiteral(String(c.description))};`);
+  for (const c of comments)
+    out.push(`COMMENT ON ${c.kind} ${c.target} IS ${quoteLiteral(String(c.description))};`);
 
   return normalise(`${out.join("\n")}\n`, schema);
 }
 
-const quoteIdent = (name: string) => (/^[a-z_][a-z0-9_$]*$/.test(name) ? name : `"${name.replaceAll('"', '""')}"`);
+/**
+ * Postgres 16 stopped qualifying the columns of a view over one table (`m.id` became `id`): the dump writes
+ * them unqualified on every version. Only a query with one FROM item and no join is touched, so a column
+ * name can never become ambiguous.
+ */
+function unqualified(definition: string): string {
+  const from = [...definition.matchAll(/\bFROM\s+[\w."]+\s+(?:AS\s+)?([a-z_][a-z0-9_]*)\b/gi)];
+  if (from.length !== 1 || /\bJOIN\b|\bFROM\b[^;]*,/i.test(definition)) return definition;
+  const alias = from[0]?.[1] as string;
+  return definition.replace(new RegExp(`(?<![\\w."])${alias}\\.(?=[a-z_"])`, "g"), "");
+}
+
+const quoteIdent = (name: string) =>
+  /^[a-z_][a-z0-9_$]*$/.test(name) ? name : `"${name.replaceAll('"', '""')}"`;
 const quoteLiteral = (text: string) => `'${text.replaceAll("'", "''")}'`;
 
 /**
