@@ -177,20 +177,26 @@ describe("function files", () => {
     expect(rows[0].result).toBe("TABLE(queue text, removed integer)");
   });
 
-  it("rolls a failing file back: the old body and record stay, and the error names the file", async () => {
+  it("rolls a failing file back: the old function, its rights and its record stay, and the error names the file", async () => {
     const schema = db.freshSchema("bad");
     const dir = await shippedCopy();
     await migrate({ connection: db.pool, schema, migrationsDir: dir });
-    const old = await recorded(schema, "topic_queues");
-    await editFunctionFile(dir, "topic_queues", (sql) => sql.replace("RETURN (", "RETURN (SELECT 1/0) + ("));
-    await editFunctionFile(dir, "topic_queues", (sql) =>
-      sql.replace("LANGUAGE plpgsql", "LANGUAGE nonesuch"),
+    await db.pool.query(
+      `GRANT EXECUTE ON FUNCTION "${schema}".expire_inbox(double precision, integer) TO "${ROLE}"`,
+    );
+    const old = await recorded(schema, "expire_inbox");
+    const [before] = await functionsNamed(schema, "expire_inbox");
+    // A new return type (the old function is dropped first) and a body that does not parse (the new one fails).
+    await editFunctionFile(dir, "expire_inbox", (sql) =>
+      sql
+        .replace("RETURNS TABLE (queue text, deleted integer)", "RETURNS TABLE (queue text, removed integer)")
+        .replace("RETURN QUERY", "RETURN QUERY QUERY"),
     );
     await expect(migrate({ connection: db.pool, schema, migrationsDir: dir })).rejects.toThrow(
-      /function file topic_queues\.sql failed on schema .*nonesuch/,
+      /function file expire_inbox\.sql failed on schema .*syntax error/,
     );
-    expect(await recorded(schema, "topic_queues")).toEqual(old);
-    expect((await functionsNamed(schema, "topic_queues"))[0]?.src).not.toContain("1/0");
+    expect(await recorded(schema, "expire_inbox")).toEqual(old);
+    expect(await functionsNamed(schema, "expire_inbox")).toEqual([before]);
   });
 
   it("creates a new function as the owner's alone, or with the rights of the function grant-as names", async () => {

@@ -288,6 +288,8 @@ describe("migrate", () => {
     expect(await tableExists(schema, "messages")).toBe(true);
     const result = await migrate({ connection: db.pool, schema });
     expect(result.applied).toEqual([]);
+    // The function files too: printed with their bodies and recorded as migrate records them.
+    expect(result.functions).toEqual({ applied: [], keptNewer: [] });
   });
 });
 
