@@ -48,7 +48,7 @@ export async function dumpSchema(client: pg.ClientBase | pg.Pool, schema: string
   out.push(...(await acl("SCHEMA", s, schemaAcl?.acl ?? null, schemaAcl?.owner)));
 
   for (const t of tables) {
-    const name = `${s}.${t.name}`;
+    const name = `${s}.${quoteIdent(String(t.name))}`;
     const cols = columns.filter((c) => c.table_oid === t.oid);
     const lines = cols.map((c) => {
       let line = `  ${quoteIdent(String(c.name))} ${c.type}`;
@@ -78,7 +78,7 @@ export async function dumpSchema(client: pg.ClientBase | pg.Pool, schema: string
   }
 
   for (const v of sequences) {
-    const name = `${s}.${v.name}`;
+    const name = `${s}.${quoteIdent(String(v.name))}`;
     out.push(
       "",
       `CREATE SEQUENCE ${name} AS ${v.type} INCREMENT BY ${v.increment} MINVALUE ${v.min} MAXVALUE ${v.max} START WITH ${v.start} CACHE ${v.cache}${v.cycle ? " CYCLE" : ""};`,
@@ -87,7 +87,7 @@ export async function dumpSchema(client: pg.ClientBase | pg.Pool, schema: string
   }
 
   for (const v of views) {
-    const name = `${s}.${v.name}`;
+    const name = `${s}.${quoteIdent(String(v.name))}`;
     const options = v.options as string[];
     const withClause = options.length > 0 ? ` WITH (${[...options].sort().join(", ")})` : "";
     out.push(
