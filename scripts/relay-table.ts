@@ -1,4 +1,6 @@
-// Prints the README's relay options table from the relay config schemas: npm run -s docs:relays
+// Prints the relay options table of docs/reference/relay-options.md from the relay config schemas:
+// npm run -s docs:relays; with -- --write it pastes it into that page between its markers.
 import { renderRelayOptionsTable } from "../src/relay/options-table.js";
+import { printOrPaste } from "./doc-table.js";
 
-console.log(renderRelayOptionsTable());
+printOrPaste(renderRelayOptionsTable(), "docs/reference/relay-options.md", "relay-table");

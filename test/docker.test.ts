@@ -7,6 +7,7 @@ import path from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { parse } from "yaml";
 import { testDatabase } from "./helpers/database.js";
+import { readDoc } from "./helpers/docs.js";
 
 /**
  * The Dockerfile and docker-compose.yml read as data (this machine has no Docker engine to run them):
@@ -162,11 +163,11 @@ describe("docker-compose.yml", () => {
       "OUTBOX_WORKER_PASSWORD",
       "POSTGRES_PASSWORD",
     ]);
-    // The README's line that generates a .env names exactly these.
-    const readme = readFileSync(path.join(ROOT, "README.md"), "utf8");
+    // The Docker page's line that generates a .env names exactly these.
+    const page = readDoc("docs/operate/docker.md");
     const generator =
-      /for v in ([A-Z_ ]+); do\s*\n\s*echo "\$v=\$\(openssl rand -hex \d+\)"; done > \.env/.exec(readme);
-    expect(generator, "README: the .env generator").not.toBeNull();
+      /for v in ([A-Z_ ]+); do\s*\n\s*echo "\$v=\$\(openssl rand -hex \d+\)"; done > \.env/.exec(page);
+    expect(generator, "docs/operate/docker.md: the .env generator").not.toBeNull();
     expect(generator?.[1]?.trim().split(/\s+/).sort()).toEqual([...required].sort());
     expect(readFileSync(path.join(ROOT, ".gitignore"), "utf8")).toMatch(/^\.env$/m);
   });

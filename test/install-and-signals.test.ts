@@ -6,9 +6,10 @@ import path from "node:path";
 import { promisify } from "node:util";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { testDatabase } from "./helpers/database.js";
+import { docSection, readDoc } from "./helpers/docs.js";
 
 /**
- * The README's install line and its signal-safe ways to start the service, run as written: the package
+ * The documented install line and the signal-safe ways to start the service, run as written: the package
  * packed with `npm pack` and installed from the tarball into an app folder (npm's cache first, the
  * registry only for what it lacks), then `run` started through each documented form and stopped with
  * SIGTERM. Done means the graceful-stop lines were logged and every process of the tree exited (the output
@@ -24,10 +25,12 @@ const PKG = JSON.parse(readFileSync(path.join(ROOT, "package.json"), "utf8")) as
   exports: Record<string, unknown>;
 };
 const TARBALL = `${PKG.name}-${PKG.version}.tgz`;
-const README = readFileSync(path.join(ROOT, "README.md"), "utf8");
+/** Where the install line and the signal-safe start forms are documented. */
+const INSTALL_DOCS = ["README.md", "docs/guide/installing.md"];
+const SERVICE_PAGE = readDoc("docs/operate/service.md");
 const CONFIG = "outbox.config.json";
 
-/** The forms the README's "Start the service so that SIGTERM reaches it" shows, verbatim. */
+/** The forms docs/operate/service.md's "Start the service so that SIGTERM reaches it" shows, verbatim. */
 const START_SCRIPT_LINE = `exec node_modules/.bin/outbox-worker run --config ${CONFIG}`;
 const NPM_START_SCRIPT = `exec outbox-worker run --config ${CONFIG}`;
 const NPX_EXEC = `exec outbox-worker run --config ${CONFIG}`;
@@ -40,7 +43,7 @@ let packedFiles: string[];
 beforeAll(async () => {
   await db.migrate();
   work = await mkdtemp(path.join(tmpdir(), "outbox-install-"));
-  // `npm pack` in the clone, as the README says; its prepack build is skipped: the global setup just
+  // `npm pack` in the clone, as the docs say; its prepack build is skipped: the global setup just
   // built dist/.
   const { stdout } = await exec(
     "npm",
@@ -59,8 +62,8 @@ beforeAll(async () => {
   );
   await writeFile(path.join(app, "handlers.mjs"), "export default { 'sig.q': () => {} };\n");
   await writeFile(path.join(app, CONFIG), JSON.stringify({ schema: db.schema, handlers: "./handlers.mjs" }));
-  // The README's line, from npm's cache where it has the dependencies; --omit=optional leaves out the
-  // 60 MB embedded Postgres (the README names that flag too).
+  // The documented line, from npm's cache where it has the dependencies; --omit=optional leaves out the
+  // 60 MB embedded Postgres (docs/guide/installing.md names that flag too).
   await exec(
     "npm",
     [
@@ -80,13 +83,15 @@ afterAll(async () => {
   if (work) await rm(work, { recursive: true, force: true });
 });
 
-describe("installing from the tarball, as the README says", () => {
+describe("installing from the tarball, as the docs say", () => {
   it("documents the tarball the packing makes, and the published form for later", () => {
-    const section = README.split("## Installing")[1]?.split("\n## ")[0] ?? "";
-    expect(section).toContain("npm pack");
-    expect(section).toContain(`→ ${TARBALL}`);
-    expect(section).toContain(`npm install /path/to/${TARBALL}`);
-    expect(section).toContain("`npm install pg-outbox-worker`");
+    for (const file of INSTALL_DOCS) {
+      const section = docSection(file, file === "README.md" ? "## Installing" : "# Installing");
+      expect(section, file).toContain("npm pack");
+      expect(section, file).toContain(`→ ${TARBALL}`);
+      expect(section, file).toContain(`npm install /path/to/${TARBALL}`);
+      expect(section, file).toContain("`npm install pg-outbox-worker`");
+    }
   });
 
   it("installs a working package: the bin, the main entry and pg-outbox-worker/testing", async () => {
@@ -242,9 +247,9 @@ async function expectGracefulStop(s: Started, stopLine: string) {
 
 const SIGNAL_STOP = "stopping gracefully (send the signal again to exit at once)";
 const NPM_SHELL_WARNING =
-  "started by npm through a shell, which does not pass SIGTERM on: start it as `exec outbox-worker run …` where signals matter (README: Signals)";
+  "started by npm through a shell, which does not pass SIGTERM on: start it as `exec outbox-worker run …` where signals matter (docs/operate/service.md: Signals)";
 
-describe("SIGTERM through each form the README shows", () => {
+describe("SIGTERM through each form the docs show", () => {
   it("shows these forms", () => {
     for (const form of [
       START_SCRIPT_LINE,
@@ -252,7 +257,7 @@ describe("SIGTERM through each form the README shows", () => {
       `npx -c '${NPX_EXEC}'`,
       `CMD ["node_modules/.bin/outbox-worker", "run", "--config", "${CONFIG}"]`,
     ]) {
-      expect(README).toContain(form);
+      expect(SERVICE_PAGE).toContain(form);
     }
   });
 
@@ -334,7 +339,7 @@ describe.skipIf(noPidNamespace !== undefined)("as a container's PID 1", () => {
         .filter((l) => l.level === 50)
         .map((l) => l.msg),
     ).toEqual([
-      "npm is PID 1 here (a container): on SIGTERM it exits at once and this worker dies with it, mid-delivery; start the worker itself (README: Signals)",
+      "npm is PID 1 here (a container): on SIGTERM it exits at once and this worker dies with it, mid-delivery; start the worker itself (docs/operate/service.md: Signals)",
     ]);
     // The namespace goes with its PID 1, as a container does.
     process.kill(childOf(s), "SIGKILL");

@@ -389,7 +389,7 @@ describe("commit order: publish serialises producers of one key", () => {
       const t = tracker();
       await workers.start({ concurrency: 8, queues: { plainrace: (_p, msg) => t.run(msg, async () => {}) } });
       await until(async () => (await remaining()) === 0, "every message handled");
-      // Commit order for the two racing producers (the README's plain-SQL note), then the later publish.
+      // Commit order for the two racing producers (the plain-SQL note of docs/guide/ordering.md), then the later publish.
       expect(t.done("k")).toEqual([lateId, earlyId, after]);
     } finally {
       await early.query("ROLLBACK").catch(() => {});

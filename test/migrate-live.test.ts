@@ -10,7 +10,7 @@ import { until } from "./helpers/worker.js";
  * The per-key ordering upgrade (0003 + 0004, and 0007–0009 after it) on a live outbox: a table at version 2 holding rows, producers
  * publishing on their own connections the whole time, and `migrate` run in the middle. No producer may wait
  * for a good part of the upgrade, nor behind a lock request of it. bench/upgrade.ts runs the same scenario
- * at 1M rows for the README's figure.
+ * at 1M rows for the figure in docs/reference/migration-history.md.
  */
 
 const db = testDatabase("live");

@@ -1,5 +1,6 @@
 // The service traces too: `outbox-worker run` with an OpenTelemetry SDK preloaded by `node --import` (the
-// README's way for the CLI) runs each handler in a `process <queue>` span, child of the producer's trace.
+// CLI's way in docs/guide/tracing.md) runs each handler in a `process <queue>` span, child of the producer's
+// trace.
 import { type ChildProcess, spawn } from "node:child_process";
 import { existsSync, readFileSync } from "node:fs";
 import { writeFile } from "node:fs/promises";

@@ -7,10 +7,12 @@ import { migrate } from "../migrate/migrator.js";
 import { createPublisher } from "../produce/publisher.js";
 import { defineQueue } from "../produce/queue.js";
 import { defineTopic, subscriberQueue } from "../produce/topic.js";
+import { CREATE_DEMO_ORDERS, CURRENT_SCHEMA, INSERT_DEMO_ORDER } from "../sql/demo.js";
 import { runQuery } from "../sql/executor.js";
 import { backlogStatement } from "../sql/inspect.js";
 import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
 import { unprocessedSummaryStatement } from "../sql/peek.js";
+import { BEGIN, COMMIT, ROLLBACK } from "../sql/transaction.js";
 import { subscribe, subscribersOf } from "../subscribe/subscriptions.js";
 import { redactConnectionString } from "../util/redact.js";
 import { handle } from "../worker/options.js";
@@ -81,13 +83,10 @@ async function placeOrders(pool: pg.Pool, count: number, schema: string) {
   for (let i = 1; i <= count; i++) {
     const client = await pool.connect();
     try {
-      await client.query("BEGIN");
+      await client.query(BEGIN.text);
       const customer = `customer-${(i % 4) + 1}`;
       const totalCents = 1000 + ((i * 337) % 9000);
-      const { rows } = await client.query<{ id: number }>(
-        "INSERT INTO demo_orders (customer, total_cents) VALUES ($1, $2) RETURNING id",
-        [customer, totalCents],
-      );
+      const { rows } = await client.query<{ id: number }>(INSERT_DEMO_ORDER, [customer, totalCents]);
       const orderId = Number(rows[0]?.id);
       // One event, one message per subscribed queue, all in this transaction.
       await outbox.publishToTopic(
@@ -98,14 +97,14 @@ async function placeOrders(pool: pg.Pool, count: number, schema: string) {
       );
       // Every tenth order fails after publishing: its messages must vanish with it.
       if (i % 10 === 0) {
-        await client.query("ROLLBACK");
+        await client.query(ROLLBACK.text);
         rolledBack++;
       } else {
-        await client.query("COMMIT");
+        await client.query(COMMIT.text);
         committed++;
       }
     } catch (error) {
-      await client.query("ROLLBACK").catch(() => {});
+      await client.query(ROLLBACK.text).catch(() => {});
       throw error;
     } finally {
       client.release();
@@ -252,12 +251,9 @@ async function live(
     const order = (async () => {
       const client = await pool.connect();
       try {
-        await client.query("BEGIN");
+        await client.query(BEGIN.text);
         const customer = `customer-${(i % 4) + 1}`;
-        const { rows } = await client.query<{ id: number }>(
-          "INSERT INTO demo_orders (customer, total_cents) VALUES ($1, $2) RETURNING id",
-          [customer, 1000 + i],
-        );
+        const { rows } = await client.query<{ id: number }>(INSERT_DEMO_ORDER, [customer, 1000 + i]);
         const event = await outbox.publishToTopic(client, orderPlacedTopic, {
           orderId: Number(rows[0]?.id),
           customer,
@@ -265,11 +261,11 @@ async function live(
         });
         placed++;
         if (i % 10 === 0) {
-          await client.query("ROLLBACK");
+          await client.query(ROLLBACK.text);
           rolledBack++;
           return;
         }
-        await client.query("COMMIT");
+        await client.query(COMMIT.text);
         for (const { id, queue } of event.messages) {
           if (!SERVED.has(queue)) continue;
           copies++;
@@ -374,16 +370,14 @@ export async function demoCommand(argv: string[], io: CliIo): Promise<number> {
     );
     if (stopEmbedded === undefined) {
       // Someone else's database: say what the demo leaves in it.
-      const { rows } = await pool.query<{ schema: string }>('SELECT current_schema() AS "schema"');
+      const { rows } = await pool.query<{ schema: string }>(CURRENT_SCHEMA);
       print(
         io,
         `Creating table ${rows[0]?.schema ?? "public"}.demo_orders for the demo's orders (it stays; DROP TABLE demo_orders removes it)`,
       );
     }
     await subscribeQueues(pool, schema, io, stopEmbedded === undefined);
-    await pool.query(
-      "CREATE TABLE IF NOT EXISTS demo_orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, customer text NOT NULL, total_cents int NOT NULL, created_at timestamptz NOT NULL DEFAULT now())",
-    );
+    await pool.query(CREATE_DEMO_ORDERS);
     const started = Date.now();
     const { committed, rolledBack } = await placeOrders(pool, orders, schema);
     print(

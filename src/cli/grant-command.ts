@@ -1,8 +1,15 @@
 import { OutboxConfigError, OutboxError } from "../contract/errors.js";
 import { migrationState } from "../migrate/migrator.js";
-import { type GrantPlan, grantScript, grantStatements, validateRoleName } from "../sql/grants.js";
+import {
+  type GrantPlan,
+  grantScript,
+  grantStatements,
+  MISSING_ROLES,
+  validateRoleName,
+} from "../sql/grants.js";
 import { migrationStatements } from "../sql/migrations.js";
 import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
+import { BEGIN, COMMIT, ROLLBACK } from "../sql/transaction.js";
 import { parseCommandArgs, schemaFrom, UsageError, withDatabase } from "./args.js";
 import { type CliIo, print } from "./io.js";
 
@@ -107,10 +114,7 @@ export async function grantCommand(argv: string[], io: CliIo): Promise<number> {
   }
   return withDatabase(values, io.env, "outbox-grant", async (client, schema) => {
     if (!plan.create) {
-      const { rows } = await client.query<{ missing: string[] }>(
-        "SELECT COALESCE(array_agg(r ORDER BY r), '{}') AS missing FROM unnest($1::text[]) AS r WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = r)",
-        [named],
-      );
+      const { rows } = await client.query<{ missing: string[] }>(MISSING_ROLES, [named]);
       const missing = rows[0]?.missing ?? [];
       if (missing.length > 0) {
         throw new UsageError(`no such role: ${missing.join(", ")} (create it, or pass --create)`);
@@ -129,15 +133,15 @@ export async function grantCommand(argv: string[], io: CliIo): Promise<number> {
       );
     }
     // All or nothing: a role is never left stripped of its rights and not granted the new ones.
-    await client.query("BEGIN");
+    await client.query(BEGIN.text);
     try {
       // Pods starting at once each run grant (deploy/kubernetes): two concurrent GRANTs on one table fail
       // with "tuple concurrently updated", so they take turns, and wait for a migration in progress.
       await client.query(migrationStatements(outboxNames(schema)).lockTransaction);
       for (const statement of grantStatements(plan)) await client.query(statement);
-      await client.query("COMMIT");
+      await client.query(COMMIT.text);
     } catch (error) {
-      await client.query("ROLLBACK").catch(() => {});
+      await client.query(ROLLBACK.text).catch(() => {});
       throw error;
     }
     for (const [side, list] of [

@@ -16,7 +16,7 @@ SIGTERM or SIGINT stops gracefully (exit 0); a second signal exits at once; a fa
 Where signals matter (a container, a supervisor), start the binary itself, not through npx or an npm
 script: \`exec outbox-worker run …\` (npm passes SIGTERM to its shell, which does not pass it on).
 
-Options (each also settable in the config file and the environment; see README "Configuration"):
+Options (each also settable in the config file and the environment; see docs/operate/configuration.md):
   --config FILE        JSON, or a JS/TS module exporting the config (default: OUTBOX_CONFIG)
   --handlers MODULE    module exporting { "queue": handler, ... } (OUTBOX_HANDLERS)
   --database-url URL   Postgres connection string (DATABASE_URL)
@@ -86,11 +86,11 @@ export async function runCommand(argv: string[], io: CliIo): Promise<number> {
   if (npmShell) {
     log.warn(
       { shell: npmShell.shell, script: npmShell.script },
-      "started by npm through a shell, which does not pass SIGTERM on: start it as `exec outbox-worker run …` where signals matter (README: Signals)",
+      "started by npm through a shell, which does not pass SIGTERM on: start it as `exec outbox-worker run …` where signals matter (docs/operate/service.md: Signals)",
     );
     if (npmShell.npmPid === 1) {
       log.error(
-        "npm is PID 1 here (a container): on SIGTERM it exits at once and this worker dies with it, mid-delivery; start the worker itself (README: Signals)",
+        "npm is PID 1 here (a container): on SIGTERM it exits at once and this worker dies with it, mid-delivery; start the worker itself (docs/operate/service.md: Signals)",
       );
     }
     // npm stopped: its shell died of the signal meant for us. A stop request, not a signal: Ctrl-C

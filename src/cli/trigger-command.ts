@@ -3,6 +3,7 @@ import {
   enableNotifyTrigger,
   isNotifyTriggerEnabled,
 } from "../migrate/notify-trigger.js";
+import { BEGIN, COMMIT } from "../sql/transaction.js";
 import { parseCommandArgs, UsageError, withDatabase } from "./args.js";
 import { type CliIo, print } from "./io.js";
 
@@ -10,7 +11,7 @@ export const triggerUsage = `Usage: outbox-worker trigger enable|disable|status 
 
 The optional wake-up trigger, for producers that INSERT into the outbox with plain SQL. Rows inserted
 without it are still delivered, at the worker's next poll. It makes every inserting transaction
-NOTIFY, which serialises their commits: see the README for the measured cost.`;
+NOTIFY, which serialises their commits: see docs/guide/publishing.md for the measured cost.`;
 
 export async function triggerCommand(argv: string[], io: CliIo): Promise<number> {
   const { values, positionals } = parseCommandArgs(argv, {
@@ -33,10 +34,10 @@ export async function triggerCommand(argv: string[], io: CliIo): Promise<number>
       );
       return 0;
     }
-    await client.query("BEGIN");
+    await client.query(BEGIN.text);
     if (action === "enable") await enableNotifyTrigger(client, schema);
     else await disableNotifyTrigger(client, schema);
-    await client.query("COMMIT");
+    await client.query(COMMIT.text);
     print(io, `wake-up trigger on "${schema}".messages ${action}d`);
     return 0;
   });

@@ -119,7 +119,8 @@ export interface QueueConfig<P = unknown> {
    * Dedupe this queue's deliveries with the worker inbox (for handlers with effects outside this database):
    * a message whose record exists is acked without running the handler (outcome `deduped`); after the
    * handler succeeds, the record is committed before the ack. `true`: consumer = the queue's name, key =
-   * the message id. See {@link InboxOptions} and the README's "An inbox for handlers with outside effects".
+   * the message id. See {@link InboxOptions} and docs/guide/exactly-once.md ("An inbox for handlers with
+   * outside effects").
    */
   inbox?: boolean | InboxOptions<P>;
   /**

@@ -5,7 +5,8 @@ import { triggerStatements } from "../sql/trigger.js";
 /**
  * Attach the wake-up trigger, so rows inserted by plain SQL wake workers at once instead of at the next
  * poll. Its price: every inserting transaction then notifies, and Postgres serialises the commits of
- * notifying transactions (see README for the measured cost). Publishers using `publish` do not need it.
+ * notifying transactions (see docs/guide/publishing.md for the measured cost). Publishers using `publish`
+ * do not need it.
  */
 export async function enableNotifyTrigger(db: Executor, schema: string = DEFAULT_SCHEMA): Promise<void> {
   const sql = triggerStatements(outboxNames(schema));

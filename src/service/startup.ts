@@ -247,6 +247,6 @@ export async function warnIfNotVacuumed(pool: pg.Pool, schema: string, log: Logg
   if (!health || health.autovacuum_enabled) return;
   log.warn(
     { table: outboxNames(schema).messages, health: describeTableHealth(health) },
-    "autovacuum is off for the outbox table (server-wide or for the table): dead tuples will pile up and pickup slows; turn it on, or VACUUM the table often (see README, Table health)",
+    "autovacuum is off for the outbox table (server-wide or for the table): dead tuples will pile up and pickup slows; turn it on, or VACUUM the table often (see docs/operate/table-health.md)",
   );
 }

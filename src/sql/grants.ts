@@ -62,6 +62,10 @@ const ROLE_NAME = /^[a-z_][a-z0-9_]*$/;
 // Names that are keywords in a role position or reserved by Postgres: quoting would not make them a role.
 const RESERVED_ROLES = new Set(["public", "none", "current_user", "session_user", "current_role"]);
 
+/** Of the role names `$1` (text[]), those with no role in the cluster, sorted: `missing`. */
+export const MISSING_ROLES =
+  "SELECT COALESCE(array_agg(r ORDER BY r), '{}') AS missing FROM unnest($1::text[]) AS r WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = r)";
+
 /** Returns `name` if it can name a role here (as a schema name: lower-case, digits, `_`), else throws. */
 export function validateRoleName(name: unknown, field = "role"): string {
   if (typeof name !== "string" || !ROLE_NAME.test(name)) {

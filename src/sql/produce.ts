@@ -52,6 +52,9 @@ export interface InsertedRow {
   id: string;
 }
 
+/** Wakes the workers of a queue: `[channel, queue]`. */
+export const NOTIFY = statement("notify", "SELECT pg_notify($1, $2)");
+
 export function produceStatements(names: OutboxNames): ProduceStatements {
   // Delays are added to the server's clock, never the producer's, so skewed hosts cannot reorder rows.
   // A keyed row first takes its key's advisory lock (held to commit), and only then its id: the id is a
@@ -132,7 +135,7 @@ WHERE m.queue = $1 AND m.dedupe_key = ANY ($3::text[])
       "insert_many_notify",
       `WITH ins AS (${insertMany}) SELECT ins.id FROM ins, (SELECT pg_notify($3, $1)) AS wake ORDER BY ins.id`,
     ),
-    notify: statement("notify", "SELECT pg_notify($1, $2)"),
+    notify: NOTIFY,
     notifyTopic: statement(
       "notify_topic",
       `SELECT count(pg_notify($1, q.queue)) FROM unnest(${names.quotedSchema}.topic_queues($2::text)) AS q(queue)`,

@@ -1,4 +1,4 @@
-import type { HeldRow } from "../lease/held.js";
+import { type HeldRow, isLive } from "../lease/held.js";
 import type { LeasedRow } from "../sql/fetch.js";
 
 /**
@@ -40,4 +40,30 @@ export class HeldSet implements Iterable<HeldRow> {
   [Symbol.iterator](): Iterator<HeldRow> {
     return this.#rows.values();
   }
+}
+
+/**
+ * The tokens of the deliveries a worker still holds. A handler that blocked the event loop past its lease is
+ * still the worker's: the fetch must not lease its row again and start it twice (the heartbeat renews it once
+ * the loop is free). A few tokens at most: one per fetch still being worked through.
+ */
+export function liveTokens(held: Iterable<HeldRow>): string[] {
+  const tokens = new Set<string>();
+  for (const h of held) if (isLive(h)) tokens.add(h.token);
+  return [...tokens];
+}
+
+/**
+ * The held deliveries whose leases the heartbeat renews: live ones not being written. While outcome writes
+ * fail (`stalled`), their rows are not renewed: a lease kept alive for an outcome that cannot be written
+ * would lock the row to this worker for as long as the writes keep failing.
+ */
+export function renewable(held: Iterable<HeldRow>, stalled: boolean): HeldRow[] {
+  const rows: HeldRow[] = [];
+  for (const h of held) {
+    if (h.writing || !isLive(h)) continue;
+    if (stalled && h.state === "completing") continue;
+    rows.push(h);
+  }
+  return rows;
 }

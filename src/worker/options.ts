@@ -284,7 +284,7 @@ function announceIssues(queue: string, target: unknown, subscribe: readonly stri
  * Options of {@link createWorker}: `connection` (a connection string or a `pg.Pool`) and `queues` (queue
  * name → {@link Handler} or {@link QueueConfig}) are required; the rest (`schema`, `concurrency`,
  * `batchSize`, `leaseTtlMs`, `handlerTimeoutMs`, `maxAttempts`, `retry`, `workerId`, `logger`, …) have
- * defaults. Every field, its default and its bounds are in the README's worker section.
+ * defaults. Every field, its default and its bounds are in docs/guide/worker.md.
  */
 export type WorkerOptions = z.input<typeof optionsSchema>;
 

@@ -1,9 +1,10 @@
-import { readFile, writeFile } from "node:fs/promises";
+import { writeFile } from "node:fs/promises";
 import path from "node:path";
 import { describe, expect, it } from "vitest";
 import { ConfigError, configFields, loadServiceConfig } from "../../src/service/config.js";
 import { renderConfigTable } from "../../src/service/config-table.js";
 import { prettyLine } from "../../src/service/logger.js";
+import { readDoc } from "../helpers/docs.js";
 import { testTempDir } from "../helpers/temp-dir.js";
 
 async function problems(options: Parameters<typeof loadServiceConfig>[0]): Promise<string[]> {
@@ -281,9 +282,8 @@ describe("service config", () => {
     for (const env of envs) expect(env).toMatch(/^(OUTBOX_[A-Z0-9_]+|DATABASE_URL)$/);
   });
 
-  it("the README's configuration table is the one the schema produces", async () => {
-    const readme = await readFile("README.md", "utf8");
-    const table = readme
+  it("the docs' configuration table is the one the schema produces", () => {
+    const table = readDoc("docs/reference/configuration.md")
       .split("<!-- config-table:start -->")[1]
       ?.split("<!-- config-table:end -->")[0]
       ?.trim();

@@ -3,7 +3,7 @@ import path from "node:path";
 import { describe, expect, it } from "vitest";
 
 /**
- * Which folder of src/ may import which: the README's Layout section says the same. Vocabulary sits at the
+ * Which folder of src/ may import which: docs/contributing/layout.md says the same. Vocabulary sits at the
  * bottom (util, contract), then the SQL and the lease store, then the engine's rooms, then what wires them
  * (worker), then what uses the worker (relay, inspect, service, cli). No arrow runs back up.
  */

@@ -3,11 +3,12 @@ import { existsSync } from "node:fs";
 import { readdir, readFile } from "node:fs/promises";
 import { promisify } from "node:util";
 import { describe, expect, it } from "vitest";
+import { docPages, readDoc } from "../helpers/docs.js";
 
 const exec = promisify(execFile);
 
 describe("what the package ships", () => {
-  it("holds every examples/ file the README points at, and each exists", async () => {
+  it("holds every examples/ file the README and the docs point at, each existing, and none of docs/", async () => {
     // --ignore-scripts: the file list without running prepack's build (package.test.ts builds dist).
     const { stdout } = await exec("npm", ["pack", "--dry-run", "--ignore-scripts", "--json"], {
       timeout: 60_000,
@@ -15,19 +16,21 @@ describe("what the package ships", () => {
     const packed = new Set(
       (JSON.parse(stdout) as { files: { path: string }[] }[])[0]?.files.map((f) => f.path) ?? [],
     );
-    const readme = await readFile("README.md", "utf8");
-    const mentioned = [...new Set(readme.match(/examples\/[\w./-]+\.\w+/g) ?? [])];
+    const text = ["README.md", ...docPages()].map(readDoc).join("\n");
+    const mentioned = [...new Set(text.match(/examples\/[\w./-]+\.\w+/g) ?? [])];
     expect(mentioned.length).toBeGreaterThan(0);
     for (const file of mentioned) {
       expect(existsSync(file), `${file} exists`).toBe(true);
       // The consumer examples run from a checkout (tsx, generated types, the repository's sources): the
-      // README says so, and shipping them would hand users imports of src/ that do not exist.
+      // docs say so, and shipping them would hand users imports of src/ that do not exist.
       const repositoryOnly = file.startsWith("examples/consumers/");
       expect(packed.has(file), `${file} is ${repositoryOnly ? "not " : ""}in the package`).toBe(
         !repositoryOnly,
       );
     }
     expect(packed.has("LICENSE")).toBe(true);
+    // The docs site (its pages, config, build output) is for the repository, not for an install.
+    expect([...packed].filter((f) => f.startsWith("docs/"))).toEqual([]);
     expect([...packed].filter((f) => f.startsWith("migrations/")).length).toBeGreaterThan(0);
     // The function files: migrate applies them after the numbered migrations, from the installed package.
     const functionFiles = (await readdir("migrations/functions")).filter((f) => f.endsWith(".sql"));

@@ -1,5 +1,5 @@
 import { execFile } from "node:child_process";
-import { mkdir, readFile, symlink, writeFile } from "node:fs/promises";
+import { mkdir, symlink, writeFile } from "node:fs/promises";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import path from "node:path";
@@ -10,10 +10,11 @@ import { listSubscriptions } from "../src/index.js";
 import { HOST } from "./helpers/brokers.js";
 import { type CliProcess, serviceEnv, startCli } from "./helpers/cli-process.js";
 import { testDatabase } from "./helpers/database.js";
+import { docSection } from "./helpers/docs.js";
 import { testTempDir } from "./helpers/temp-dir.js";
 import { until } from "./helpers/worker.js";
 
-// The README's "Topics and subscriptions" example, as it is: its handlers module, relay config and producer
+// The "Topics and subscriptions" example of docs/guide/topics.md, as it is: its handlers module, relay config and producer
 // written to a folder whose node_modules links this package (built to dist/ by the global setup) and pg, the
 // service run by the built CLI there, the producer run by node. One publish reaches both subscribers: the
 // billing handler in code, and the webhook receiver through the HTTP relay that subscribes to order.*. Then
@@ -33,30 +34,28 @@ afterEach(async () => {
 
 /** The section's code blocks of one language, in order. */
 async function readmeBlocks(lang: string): Promise<string[]> {
-  const readme = await readFile("README.md", "utf8");
-  const section = readme.split("\n## Topics and subscriptions\n")[1]?.split("\n## ")[0];
-  if (section === undefined) throw new Error('no "Topics and subscriptions" section in the README');
+  const section = docSection("docs/guide/topics.md", "# Topics and subscriptions");
   return [...section.matchAll(new RegExp(`\`\`\`${lang}\\n([\\s\\S]*?)\`\`\``, "g"))].map((m) => m[1] ?? "");
 }
 
-/** `text` with `from` replaced once; fails when `from` is not there (the README changed under the test). */
+/** `text` with `from` replaced once; fails when `from` is not there (the page changed under the test). */
 function replaced(text: string, from: string, to: string): string {
-  if (!text.includes(from)) throw new Error(`the README example no longer contains ${JSON.stringify(from)}`);
+  if (!text.includes(from)) throw new Error(`the docs example no longer contains ${JSON.stringify(from)}`);
   return text.replace(from, to);
 }
 
-describe("the README topics example", () => {
+describe("the docs topics example", () => {
   it("runs as written: one publish, the billing handler and the webhook relay each get it once", async () => {
     const [handlersJs, producerJs] = await readmeBlocks("js");
     const [configJson] = await readmeBlocks("json");
     const [insertSql] = await readmeBlocks("sql");
     if (!handlersJs?.startsWith("// handlers.js") || !producerJs || !configJson || !insertSql)
       throw new Error(
-        "the README topics section lost one of its blocks: handlers.js, the producer, the config, the SQL",
+        "the docs topics section lost one of its blocks: handlers.js, the producer, the config, the SQL",
       );
     const config = JSON.parse(configJson) as { relays: Record<string, { url: string; subscribe: string[] }> };
     const [relayQueue, relay] = Object.entries(config.relays)[0] ?? [];
-    if (relayQueue === undefined || relay === undefined) throw new Error("the README config has no relay");
+    if (relayQueue === undefined || relay === undefined) throw new Error("the docs config has no relay");
     expect(relay.subscribe).toEqual(["order.*"]);
 
     // The webhook receiver the example points at; elsewhere if that port is taken on this machine.
@@ -75,7 +74,7 @@ describe("the README topics example", () => {
     let configText = configJson;
     await new Promise<void>((resolve) => {
       receiver.once("error", () => {
-        console.warn(`readme-topics.test: port ${webhook.port} is taken; the receiver listens elsewhere`);
+        console.warn(`docs-topics.test: port ${webhook.port} is taken; the receiver listens elsewhere`);
         receiver.listen(0, HOST, () => {
           const moved = `http://${HOST}:${(receiver.address() as AddressInfo).port}${webhook.pathname}`;
           configText = replaced(configJson, webhook.toString(), moved);
@@ -87,7 +86,7 @@ describe("the README topics example", () => {
     cleanups.push(() => new Promise((resolve) => receiver.close(resolve)));
 
     // The reader's project: an ES module package with this package and pg installed.
-    const dir = await testTempDir("outbox-readme-topics-");
+    const dir = await testTempDir("outbox-docs-topics-");
     await writeFile(path.join(dir, "package.json"), JSON.stringify({ type: "module", private: true }));
     await mkdir(path.join(dir, "node_modules"));
     await symlink(ROOT, path.join(dir, "node_modules", "pg-outbox-worker"), "dir");

@@ -1,15 +1,16 @@
 import { execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { readFile, symlink, writeFile } from "node:fs/promises";
+import { symlink, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
 import pg from "pg";
 import { afterAll, expect, it } from "vitest";
 import { migrate } from "../src/migrate/migrator.js";
 import { testDatabase } from "./helpers/database.js";
+import { docSection } from "./helpers/docs.js";
 import { testTempDir } from "./helpers/temp-dir.js";
 
-// The README's "Dedupe keys and cancel" example, as it is, run by tsx against a database of its own (the
+// The "Dedupe keys and cancel" example of docs/guide/dedupe-and-cancel.md, as it is, run by tsx against a database of its own (the
 // example uses the default schema `outbox`, which other test files may use): `pg-outbox-worker` resolves to
 // this checkout's src, and the `carts` table it updates is created first.
 
@@ -28,14 +29,13 @@ afterAll(async () => {
 });
 
 async function example(): Promise<string> {
-  const readme = await readFile("README.md", "utf8");
-  const section = readme.split("\n### Dedupe keys and cancel\n")[1]?.split("\n### ")[0];
-  const block = section?.match(/```ts\n([\s\S]*?)```/)?.[1];
-  if (!block) throw new Error('no ts block in the README\'s "Dedupe keys and cancel"');
+  const section = docSection("docs/guide/dedupe-and-cancel.md", "# Dedupe keys and cancel");
+  const block = section.match(/```ts\n([\s\S]*?)```/)?.[1];
+  if (!block) throw new Error('no ts block in "Dedupe keys and cancel"');
   return block.replace(`from "pg-outbox-worker"`, `from ${JSON.stringify(path.join(ROOT, "src/index.ts"))}`);
 }
 
-it("runs the README's dedupe-and-cancel example: one reminder, cancelled with the payment", {
+it("runs the docs' dedupe-and-cancel example: one reminder, cancelled with the payment", {
   timeout: 120_000,
 }, async () => {
   await db.pool.query(`CREATE DATABASE "${database}"`);
@@ -45,7 +45,7 @@ it("runs the README's dedupe-and-cancel example: one reminder, cancelled with th
   try {
     await client.query("CREATE TABLE carts (id text PRIMARY KEY, paid boolean NOT NULL DEFAULT false)");
     await client.query("INSERT INTO carts (id) VALUES ('c-42')");
-    const dir = await testTempDir("readme-dedupe-");
+    const dir = await testTempDir("docs-dedupe-");
     await symlink(path.join(ROOT, "node_modules"), path.join(dir, "node_modules"));
     await writeFile(path.join(dir, "package.json"), '{"type": "module"}');
     await writeFile(path.join(dir, "example.ts"), await example());

@@ -9,7 +9,7 @@ import { constant } from "../../src/retry/strategies.js";
 import { createManualClock, testHandler, testTopic } from "../../src/testing/index.js";
 import { handle } from "../../src/worker/options.js";
 
-/** The README's "Testing handlers without a database" examples, with the app code they assume. */
+/** The examples of docs/guide/testing-handlers.md, with the app code they assume. */
 
 const order = z.object({ orderId: z.string(), total: z.number() });
 const orders = defineQueue("orders", order);
@@ -27,7 +27,7 @@ async function chargeOrder(payload: z.output<typeof order>, message: MessageCont
   return followUp(shipments, { orderId: payload.orderId });
 }
 
-describe("chargeOrder (the README example)", () => {
+describe("chargeOrder (the docs example)", () => {
   const run = testHandler(handle(orders, chargeOrder, { maxAttempts: 5, retry: constant(30_000) }));
 
   it("acks and publishes a shipment", async () => {
@@ -65,7 +65,7 @@ async function sendReceipt(payload: z.output<typeof order>) {
   return followUp(receipts, { orderId: payload.orderId });
 }
 
-describe("a topic's subscribers (the README example)", () => {
+describe("a topic's subscribers (the docs example)", () => {
   it("billing rejects a free order, the receipt goes out all the same", async () => {
     const run = testTopic({
       billing: handle(subscriberQueue(orderPlaced, "billing"), chargeOrder, { subscribe: ["order.placed"] }),

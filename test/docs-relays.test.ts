@@ -1,4 +1,4 @@
-import { readFile, writeFile } from "node:fs/promises";
+import { writeFile } from "node:fs/promises";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import path from "node:path";
@@ -11,16 +11,17 @@ import { afterEach, beforeAll, describe, expect, it } from "vitest";
 import { HOST, NATS_PORT, probeBrokers, RABBIT_URL, REDIS_PORT } from "./helpers/brokers.js";
 import { type CliProcess, serviceEnv, startCli } from "./helpers/cli-process.js";
 import { testDatabase } from "./helpers/database.js";
+import { docSection } from "./helpers/docs.js";
 import { testTempDir } from "./helpers/temp-dir.js";
 import { publisherFor, until } from "./helpers/worker.js";
 
-// The README's relay example, pasted as it is into relays.json and run by the CLI against this machine's
+// The relay example of docs/operate/relays/index.md, pasted as it is into relays.json and run by the CLI against this machine's
 // default brokers: every relay must be ok and deliver. A relay whose target cannot exist must show in
 // /relays and in the log, and leave /readyz ready.
 
 const db = testDatabase("readme");
 const outbox = publisherFor(db.schema);
-const { redisDown, natsDown, rabbitDown } = await probeBrokers("readme-relays.test");
+const { redisDown, natsDown, rabbitDown } = await probeBrokers("docs-relays.test");
 const brokersDown = [redisDown, natsDown, rabbitDown].filter((r) => r !== undefined);
 
 beforeAll(() => db.migrate());
@@ -31,17 +32,16 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c().catch(() => {});
 });
 
-/** The first ```json block of the README's "Built-in relays" section, as text. */
+/** The first ```json block of the "Built-in relays" page, as text. */
 async function readmeRelayExample(): Promise<string> {
-  const readme = await readFile("README.md", "utf8");
-  const section = readme.split("### Built-in relays")[1] ?? "";
+  const section = docSection("docs/operate/relays/index.md", "# Built-in relays");
   const block = /```json\n([\s\S]*?)```/.exec(section)?.[1];
-  if (block === undefined) throw new Error("no JSON example in the README's Built-in relays section");
+  if (block === undefined) throw new Error("no JSON example in the Built-in relays page");
   return block;
 }
 
 async function runService(configText: string): Promise<{ p: CliProcess; base: string }> {
-  const dir = await testTempDir("outbox-readme-");
+  const dir = await testTempDir("outbox-docs-relays-");
   const file = path.join(dir, "relays.json");
   await writeFile(file, configText);
   const p = startCli(["run", "--config", file, "--http-port", "0"], serviceEnv(db));
@@ -66,7 +66,7 @@ async function readyzStatus(base: string): Promise<number> {
   return (await fetch(`${base}/readyz`)).status;
 }
 
-describe.skipIf(brokersDown.length > 0)("the README relay example", () => {
+describe.skipIf(brokersDown.length > 0)("the docs relay example", () => {
   it("runs as pasted against the default local brokers: ready, and every queue delivered", async () => {
     const example = await readmeRelayExample();
     const config = JSON.parse(example) as { relays: Record<string, Record<string, string>> };
@@ -88,7 +88,7 @@ describe.skipIf(brokersDown.length > 0)("the README relay example", () => {
     let text = example;
     await new Promise<void>((resolve) => {
       receiver.once("error", () => {
-        console.warn(`readme-relays.test: port ${webhook.port} is taken; the receiver listens elsewhere`);
+        console.warn(`docs-relays.test: port ${webhook.port} is taken; the receiver listens elsewhere`);
         receiver.listen(0, HOST, () => {
           const moved = `http://${HOST}:${(receiver.address() as AddressInfo).port}${webhook.pathname}`;
           text = example.replace(webhook.toString(), moved);
