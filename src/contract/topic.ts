@@ -3,7 +3,7 @@ import { OutboxConfigError } from "./errors.js";
 
 /**
  * A topic and the shape of its events. Publishing to it writes one message per queue subscribed to it
- * (fan_out, migrations/functions/), each validated against this schema at publish.
+ * (the database's fan_out function), each validated against this schema at publish.
  */
 export interface TopicDefinition<Input = unknown, Output = Input> {
   /** Dot-separated segments of letters, digits and `_ : / -`: `order.placed`. At most 200 bytes. */
