@@ -40,6 +40,9 @@ describe("outbox-worker CLI", () => {
     expect(first.stdout).toContain(`schema "${schema}" migrated to version ${LATEST_VERSION}`);
     const second = await cli(["migrate", "--schema", schema, "--database-url", url]);
     expect(second.stdout).toContain(`schema "${schema}" is up to date (version ${LATEST_VERSION})`);
+    // The function files once, on the first run only (their checksums are recorded).
+    expect(first.stdout).toMatch(/^applied function files: ack_key_heads, .*topic_queues$/m);
+    expect(second.stdout).not.toContain("applied function files");
     for (const out of [first, second]) expect(out.stdout + out.stderr).not.toContain(secret);
   });
 

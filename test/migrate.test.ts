@@ -56,6 +56,7 @@ describe("migrate", () => {
       { version: 18, name: "0018_failure_announcements" },
       { version: 20, name: "0020_dedupe_keys_index" },
       { version: 21, name: "0021_hot_leases" },
+      { version: 22, name: "0022_function_files" },
     ]);
     const idx = await db.pool.query("SELECT indexname FROM pg_indexes WHERE schemaname = $1 ORDER BY 1", [
       db.schema,
@@ -287,6 +288,8 @@ describe("migrate", () => {
     expect(await tableExists(schema, "messages")).toBe(true);
     const result = await migrate({ connection: db.pool, schema });
     expect(result.applied).toEqual([]);
+    // The function files too: printed with their bodies and recorded as migrate records them.
+    expect(result.functions).toEqual({ applied: [], keptNewer: [] });
   });
 });
 

@@ -39,6 +39,14 @@ export async function migrateCommand(argv: string[], io: CliIo): Promise<number>
     schema,
     onApplied: (m) => print(io, `applied ${m.name}`),
   });
+  const { functions } = result;
+  if (functions.applied.length > 0) print(io, `applied function files: ${functions.applied.join(", ")}`);
+  if (functions.keptNewer.length > 0) {
+    print(
+      io,
+      `kept the bodies a newer release applied (not replaced by this version's): ${functions.keptNewer.join(", ")}`,
+    );
+  }
   print(
     io,
     result.applied.length === 0

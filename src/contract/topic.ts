@@ -3,7 +3,7 @@ import { OutboxConfigError } from "./errors.js";
 
 /**
  * A topic and the shape of its events. Publishing to it writes one message per queue subscribed to it
- * (migration 0012's fan_out), each validated against this schema at publish.
+ * (the database's fan_out function), each validated against this schema at publish.
  */
 export interface TopicDefinition<Input = unknown, Output = Input> {
   /** Dot-separated segments of letters, digits and `_ : / -`: `order.placed`. At most 200 bytes. */
@@ -16,7 +16,7 @@ export interface TopicDefinition<Input = unknown, Output = Input> {
 export const TOPIC_HEADER = "outbox-topic";
 
 export const MAX_TOPIC_BYTES = 200;
-// The same rules as migration 0012 checks in the database (fan_out, topic_matcher): keep them identical.
+// The same rules the database checks (migrations/functions/fan_out.sql, topic_matcher.sql): keep them identical.
 const SEGMENT = "[A-Za-z0-9_:/-]+";
 const TOPIC_NAME = new RegExp(`^${SEGMENT}(\\.${SEGMENT})*$`);
 const TOPIC_PATTERN = new RegExp(`^([*#]|${SEGMENT})(\\.([*#]|${SEGMENT}))*$`);

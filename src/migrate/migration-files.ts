@@ -57,8 +57,8 @@ export async function loadMigrationFiles(dir: string = MIGRATIONS_DIR): Promise<
   return files;
 }
 
-/** The SQL of one migration for one schema. Only validated names are spliced in. */
-export function renderMigration(file: MigrationFile, names: OutboxNames): string {
+/** The SQL of one migration (or function file) for one schema. Only validated names are spliced in. */
+export function renderMigration(file: Pick<MigrationFile, "template">, names: OutboxNames): string {
   return file.template
     .replaceAll("{{schema}}", names.quotedSchema)
     .replaceAll("{{channel}}", quoteLiteral(names.channel));

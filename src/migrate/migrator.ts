@@ -3,12 +3,16 @@ import pg from "pg";
 import { MigrationError, OutboxError } from "../contract/errors.js";
 import { type AppliedMigrationRow, migrationStatements } from "../sql/migrations.js";
 import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
+import { applyFunctionFiles } from "./apply-functions.js";
+import { functionsDirOf, loadFunctionFiles } from "./function-files.js";
 import {
   loadMigrationFiles,
+  MIGRATIONS_DIR,
   type MigrationFile,
   migrationStatementsOf,
   renderMigration,
 } from "./migration-files.js";
+import { packageVersion } from "./package-version.js";
 
 /** Where and what {@link migrate} applies. */
 export interface MigrateOptions {
@@ -16,7 +20,10 @@ export interface MigrateOptions {
   connection: string | pg.Pool | pg.Client;
   /** The outbox schema; default `"outbox"` ({@link DEFAULT_SCHEMA}). */
   schema?: string;
-  /** Folder of `NNNN_name.sql` files; defaults to the ones shipped with this package. */
+  /**
+   * Folder of `NNNN_name.sql` files, and of the function files in its `functions/` folder; defaults to the
+   * ones shipped with this package.
+   */
   migrationsDir?: string;
   /** Told about each migration as it is applied. */
   onApplied?: (migration: { version: number; name: string }) => void;
@@ -29,6 +36,11 @@ export interface MigrateResult {
   applied: { version: number; name: string }[];
   /** Latest version in the database after the run. */
   version: number;
+  /**
+   * The function files (migrations/functions): those this run applied (new or changed), and those it left
+   * alone because a newer release of this package had applied another body (it is never put back).
+   */
+  functions: { applied: string[]; keptNewer: string[] };
 }
 
 interface Session {
@@ -108,10 +120,12 @@ export async function migrate(input: MigrateOptions | MigrateOptions["connection
   const options = migrateOptions(input);
   const names = outboxNames(options.schema ?? DEFAULT_SCHEMA);
   const files = await loadMigrationFiles(options.migrationsDir);
+  const functionFiles = await loadFunctionFiles(functionsDirOf(options.migrationsDir ?? MIGRATIONS_DIR));
   const sql = migrationStatements(names);
   const session = await openSession(options.connection);
   const { client } = session;
   const applied: MigrateResult["applied"] = [];
+  let functions: MigrateResult["functions"];
   try {
     await client.query(sql.lock);
     try {
@@ -135,6 +149,8 @@ export async function migrate(input: MigrateOptions | MigrateOptions["connection
         applied.push({ version: file.version, name: file.name });
         options.onApplied?.({ version: file.version, name: file.name });
       }
+      // After every numbered migration: a body may use any column or table they create.
+      functions = await applyFunctionFiles(client, functionFiles, names, sql, packageVersion());
     } finally {
       await client.query(sql.unlock).catch(() => {});
     }
@@ -142,7 +158,7 @@ export async function migrate(input: MigrateOptions | MigrateOptions["connection
     await session.release();
   }
   const version = Math.max(...files.map((f) => f.version));
-  return { schema: names.schema, applied, version };
+  return { schema: names.schema, applied, version, functions };
 }
 
 type Statements = ReturnType<typeof migrationStatements>;
@@ -257,6 +273,8 @@ export async function printMigrations(
 ): Promise<string> {
   const names = outboxNames(options.schema ?? DEFAULT_SCHEMA);
   const files = await loadMigrationFiles(options.migrationsDir);
+  const functionFiles = await loadFunctionFiles(functionsDirOf(options.migrationsDir ?? MIGRATIONS_DIR));
+  const version = packageVersion();
   const sql = migrationStatements(names);
   const parts = [
     `-- outbox schema "${names.schema}": ${files.length} migration(s). Each block is one transaction, unless it says otherwise.`,
@@ -272,6 +290,17 @@ export async function printMigrations(
       ...(file.noTransaction
         ? ["-- runs outside a transaction, one statement at a time", body, record]
         : ["BEGIN;", body, record, "COMMIT;"]),
+    );
+  }
+  // The function files' live bodies, recorded as `migrate` records them. A changed signature is `migrate`'s
+  // alone to handle (it drops the old one and carries its grants over): see docs/contributing/migrations.md.
+  for (const file of functionFiles) {
+    parts.push(
+      `\n-- function ${file.name} (sha256 ${file.checksum})`,
+      "BEGIN;",
+      renderMigration(file, names).trimEnd(),
+      `${sql.recordFunctionLiteral(file.name, file.checksum, version)};`,
+      "COMMIT;",
     );
   }
   return `${parts.join("\n")}\n`;

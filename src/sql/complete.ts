@@ -96,7 +96,8 @@ export interface CompleteStatements {
   /**
    * `dead` (or `deadKeyed`: same answer, same key locks) for a batch some of whose queues announce their
    * failures: the same move, and in the same statement a failure event for each delivery it moved whose
-   * `announceQueues[i]` or `announceTopics[i]` is set (`dead_letter_announced`, migration 0018).
+   * `announceQueues[i]` or `announceTopics[i]` is set (`dead_letter_announced`,
+   * migrations/functions/dead_letter_announced.sql).
    */
   deadAnnounced: Query<DeadParams & AnnounceParams, KeyedRow>;
   /** Gives unstarted rows back (graceful stop) without counting a delivery → keys. */
@@ -164,7 +165,7 @@ export interface PromoteParams {
 export type PromotedRow = LeasedRow & { taken: boolean };
 
 /**
- * A row of the keyed ack (the `ack_keyed` function of migration 0005, and `ack_key_heads` of 0006):
+ * A row of the keyed ack (the `ack_keyed` and `ack_key_heads` functions, migrations/functions/):
  * `deleted` (the count, as text), `written` deliveries (only when some were not), `busy` ones (a producer
  * holds their key's lock), and `promoted` new heads (`taken`: handed off to the caller, with the
  * {@link LeasedRow} columns).

@@ -149,7 +149,7 @@ ORDER BY d.queue`,
 
 /**
  * The picked dead letters that were kept for want of a subscriber, fanned out to the queues subscribed to
- * their topic now (migration 0012's route_unrouted) → ReplayCountRow per topic: those still without a
+ * their topic now (route_unrouted, migrations/functions/) → ReplayCountRow per topic: those still without a
  * subscriber stay, reported as skipped. One wake-up per queue that got a copy. $4 is the wake channel.
  */
 export function routeUnroutedDeadLettersStatement(names: OutboxNames): Query<ReplayParams, ReplayCountRow> {
@@ -248,7 +248,7 @@ export interface ExpireParams {
  *
  * SKIP LOCKED: a row a replay, a purge or another replica's batch holds is left for a later run rather
  * than waited for, so replicas running this at once never queue behind each other or behind a person.
- * Through expire_dead_letters (migration 0015), as the schema's owner: the worker's role holds no DELETE on
+ * Through expire_dead_letters (migrations/functions/), as the schema's owner: the worker's role holds no DELETE on
  * dead_letters, only the right to run this.
  */
 export function expireDeadLettersStatement(names: OutboxNames): Query<ExpireParams, ExpireCountRow> {

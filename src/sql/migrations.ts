@@ -1,5 +1,21 @@
 import { type OutboxNames, quoteLiteral } from "./names.js";
 
+/** One row of the function files' table (migration 0022). */
+export interface AppliedFunctionRow {
+  name: string;
+  checksum: string;
+  package_version: string;
+}
+
+/** A function of the schema as the catalog has it, before and after its file is applied. */
+export interface LiveFunctionRow {
+  oid: number;
+  /** `"schema".name(argtypes)`, as regprocedure prints it: safe to splice into DROP or GRANT. */
+  signature: string;
+  /** Null: Postgres' defaults (EXECUTE for PUBLIC). */
+  acl: string[] | null;
+}
+
 /** One row of the migrations table. */
 export interface AppliedMigrationRow {
   version: number;
@@ -36,6 +52,34 @@ JOIN pg_namespace AS n ON n.oid = c.relnamespace
 WHERE n.nspname = ${schemaLiteral} AND NOT i.indisvalid`,
     /** $1 version, $2 name, $3 checksum */
     record: `INSERT INTO ${names.migrationsTable} (version, name, checksum) VALUES ($1, $2, $3)`,
+    /** Null when migration 0022 has not run: no function file can be recorded yet. */
+    functionsTableExists: `SELECT to_regclass(${quoteLiteral(`${names.quotedSchema}.schema_functions`)}) IS NOT NULL AS exists`,
+    appliedFunctions: `SELECT name, checksum, package_version FROM ${names.quotedSchema}.schema_functions ORDER BY name`,
+    /** $1 name, $2 checksum, $3 package version */
+    recordFunction: `INSERT INTO ${names.quotedSchema}.schema_functions AS f (name, checksum, package_version)
+VALUES ($1, $2, $3)
+ON CONFLICT (name) DO UPDATE SET checksum = excluded.checksum, package_version = excluded.package_version,
+  applied_at = now()`,
+    recordFunctionLiteral(name: string, checksum: string, packageVersion: string): string {
+      return `INSERT INTO ${names.quotedSchema}.schema_functions AS f (name, checksum, package_version) VALUES (${quoteLiteral(name)}, ${quoteLiteral(checksum)}, ${quoteLiteral(packageVersion)}) ON CONFLICT (name) DO UPDATE SET checksum = excluded.checksum, package_version = excluded.package_version, applied_at = now()`;
+    },
+    /** $1 function name → every overload of it in the schema (a function file owns its name). */
+    functionsNamed: `SELECT p.oid::int AS oid, p.oid::regprocedure::text AS signature, p.proacl::text[] AS acl
+FROM pg_catalog.pg_proc AS p
+WHERE p.pronamespace = ${schemaLiteral}::regnamespace AND p.proname = $1
+ORDER BY p.oid`,
+    /** $1 an aclitem[] as text → the roles holding EXECUTE in it, as GRANT names them (PUBLIC for 0). */
+    executeGrantees: `SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END AS role
+FROM aclexplode($1::text[]::aclitem[]) AS a
+WHERE a.privilege_type = 'EXECUTE'
+ORDER BY 1`,
+    /** $1 a function's signature as `name(argtypes)` → its ACL (null: defaults), or no row when absent. */
+    aclOf: `SELECT p.proacl::text[] AS acl FROM pg_catalog.pg_proc AS p
+WHERE p.oid = to_regprocedure(${quoteLiteral(`${names.quotedSchema}.`)} || $1)`,
+    /** Signatures come from the catalog (regprocedure), roles from executeGrantees: both print quoted. */
+    dropFunction: (signature: string) => `DROP FUNCTION ${signature}`,
+    revokeFunctionFromPublic: (signature: string) => `REVOKE ALL ON FUNCTION ${signature} FROM PUBLIC`,
+    grantExecute: (signature: string, role: string) => `GRANT EXECUTE ON FUNCTION ${signature} TO ${role}`,
     recordLiteral(version: number, name: string, checksum: string): string {
       return `INSERT INTO ${names.migrationsTable} (version, name, checksum) VALUES (${version}, ${quoteLiteral(name)}, ${quoteLiteral(checksum)}) ON CONFLICT (version) DO NOTHING`;
     },

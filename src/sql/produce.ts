@@ -31,7 +31,7 @@ export interface ProduceStatements {
   insertManyDedupe: Statement;
   /** The same, plus $4 channel. */
   insertManyDedupeNotify: Statement;
-  /** $1 queue, $2 dedupe key → (status, id): the `cancel` function of migration 0017. */
+  /** $1 queue, $2 dedupe key → (status, id): the `cancel` function (migrations/functions/cancel.sql). */
   cancel: Statement;
 }
 

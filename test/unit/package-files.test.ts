@@ -1,6 +1,6 @@
 import { execFile } from "node:child_process";
 import { existsSync } from "node:fs";
-import { readFile } from "node:fs/promises";
+import { readdir, readFile } from "node:fs/promises";
 import { promisify } from "node:util";
 import { describe, expect, it } from "vitest";
 import { docPages, readDoc } from "../helpers/docs.js";
@@ -32,6 +32,15 @@ describe("what the package ships", () => {
     // The docs site (its pages, config, build output) is for the repository, not for an install.
     expect([...packed].filter((f) => f.startsWith("docs/"))).toEqual([]);
     expect([...packed].filter((f) => f.startsWith("migrations/")).length).toBeGreaterThan(0);
+    // The function files: migrate applies them after the numbered migrations, from the installed package.
+    const functionFiles = (await readdir("migrations/functions")).filter((f) => f.endsWith(".sql"));
+    expect(functionFiles.length).toBeGreaterThan(0);
+    for (const file of functionFiles) {
+      expect(
+        packed.has(`migrations/functions/${file}`),
+        `migrations/functions/${file} is in the package`,
+      ).toBe(true);
+    }
   });
 
   it("holds every file package.json's exports point at (the main entry and pg-outbox-worker/testing)", async () => {

@@ -1,0 +1,20 @@
+-- expand_topic: its live definition, (re)applied by the migrator whenever this file changes (see
+-- docs/contributing/migrations.md). Change the body here, never in a numbered migration.
+--
+-- A plain-SQL producer's row for a topic: `INSERT INTO outbox.messages (topic, payload[, key, headers,
+-- available_at]) VALUES (…)`. It is expanded by fan_out (same locks, same copies, same dead letter when no
+-- one subscribes) and not stored itself (the INSERT reports 0 rows). Named to fire before the key-head
+-- trigger (BEFORE triggers run in name order), which then runs for each copy.
+CREATE OR REPLACE FUNCTION {{schema}}.expand_topic() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.queue IS NOT NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format(
+      'outbox: a row names both queue %s and topic %s: set one (a topic reaches every queue subscribed to it)',
+      left(quote_literal(NEW.queue), 60), left(quote_literal(NEW.topic), 60));
+  END IF;
+  PERFORM {{schema}}.fan_out(NEW.topic, jsonb_build_array(jsonb_build_object(
+    'payload', NEW.payload, 'headers', NEW.headers, 'key', NEW.key, 'available_at', NEW.available_at)));
+  RETURN NULL;
+END
+$$;
