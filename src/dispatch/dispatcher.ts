@@ -4,7 +4,7 @@
  * for the completer.
  */
 
-import { OutboxError } from "../contract/errors.js";
+import { OutboxConfigError, OutboxError } from "../contract/errors.js";
 import { FOLLOW_UPS_REFUSED } from "../contract/follow-up.js";
 import type { MessageContext, ResolvedQueue, TransactionClient } from "../contract/handler.js";
 import { TransientError } from "../contract/handler-errors.js";
@@ -473,7 +473,9 @@ function inboxKey(key: unknown): string {
     key.length > MAX_INBOX_KEY_LENGTH ||
     key.includes("\0")
   ) {
-    throw new TypeError(
+    throw new OutboxConfigError(
+      "inbox.key",
+      "a non-empty string without NUL",
       `inbox.key must return a non-empty string of at most ${MAX_INBOX_KEY_LENGTH} characters without NUL, got ${typeof key === "string" ? `a string of ${key.length}` : typeof key}`,
     );
   }

@@ -1,3 +1,4 @@
+import { OutboxConfigError } from "../contract/errors.js";
 import { errorMessage } from "../contract/handler-errors.js";
 import type { RetryContext, RetryDecision, RetryStrategy } from "../contract/retry.js";
 
@@ -19,7 +20,11 @@ const DEFAULT_MAX_DELAY_MS = 7 * 24 * HOUR_MS;
 
 function requireMs(name: string, value: number): number {
   if (typeof value !== "number" || !Number.isFinite(value) || value < 0) {
-    throw new RangeError(`${name} must be a finite number >= 0, got ${String(value)}`);
+    throw new OutboxConfigError(
+      name,
+      "a finite number >= 0",
+      `${name} must be a finite number >= 0, got ${String(value)}`,
+    );
   }
   return value;
 }
@@ -65,11 +70,19 @@ function exponentialDelay(opts: ExponentialOptions, random: () => number): (ctx:
   const maxMs = requireMs("maxMs", opts.maxMs ?? HOUR_MS);
   const factor = opts.factor ?? 2;
   if (typeof factor !== "number" || !Number.isFinite(factor) || factor < 1) {
-    throw new RangeError(`factor must be a finite number >= 1, got ${String(factor)}`);
+    throw new OutboxConfigError(
+      "factor",
+      "a finite number >= 1",
+      `factor must be a finite number >= 1, got ${String(factor)}`,
+    );
   }
   const jitter = opts.jitter ?? "equal";
   if (jitter !== "full" && jitter !== "equal" && jitter !== "none") {
-    throw new RangeError(`jitter must be "full", "equal" or "none", got ${String(jitter)}`);
+    throw new OutboxConfigError(
+      "jitter",
+      '"full", "equal" or "none"',
+      `jitter must be "full", "equal" or "none", got ${String(jitter)}`,
+    );
   }
   return (ctx) => {
     const d = cappedExponential(baseMs, factor, atLeastOne(ctx.attempts) - 1, maxMs);

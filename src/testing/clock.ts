@@ -1,3 +1,5 @@
+import { OutboxConfigError } from "../contract/errors.js";
+
 /**
  * The time a handler test runs on. The harness reads it for the message's times, the handler's duration and
  * its timeout; a {@link ManualClock} lets a test time a hanging handler out by advancing it, without waiting.
@@ -43,7 +45,7 @@ export function createManualClock(start: Date | number = Date.UTC(2026, 0, 1)): 
       return () => void timers.delete(timer);
     },
     advance(ms) {
-      if (!(ms >= 0)) throw new RangeError(`advance takes ms >= 0, got ${String(ms)}`);
+      if (!(ms >= 0)) throw new OutboxConfigError("ms", ">= 0", `advance takes ms >= 0, got ${String(ms)}`);
       const target = now + ms;
       for (;;) {
         // Earliest first, then in the order they were set; a timer set by a firing one is seen too.

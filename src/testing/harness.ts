@@ -80,7 +80,12 @@ export function testHandler<P>(
 function stored(payload: unknown): string {
   const text = JSON.stringify(payload);
   // publish refuses these too: a row always holds JSON.
-  if (text === undefined) throw new TypeError("the payload is not JSON-serialisable (undefined)");
+  if (text === undefined)
+    throw new OutboxConfigError(
+      "payload",
+      "not JSON-serialisable",
+      "the payload is not JSON-serialisable (undefined)",
+    );
   return text;
 }
 

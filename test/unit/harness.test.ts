@@ -409,7 +409,7 @@ describe("createManualClock", () => {
     clock.advance(100);
     expect(fired).toEqual(["a@1010", "b@1020"]);
     expect(clock.now()).toBe(1115);
-    expect(() => clock.advance(-1)).toThrow(RangeError);
+    expect(() => clock.advance(-1)).toThrow(OutboxConfigError);
   });
 });
 

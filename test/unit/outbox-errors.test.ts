@@ -45,6 +45,29 @@ describe("OutboxError everywhere", () => {
     expect(found).toEqual([]);
   });
 
+  it("src/ throws a RangeError or TypeError only where its own caller turns it into an error of ours", () => {
+    // The CLI and console turn a bad duration into a UsageError or BadRequest; json-error's depth stop is
+    // caught where it is thrown; wire/ depends on nothing, and decodeHeaderValue documents its TypeError;
+    // a LocalQueue overflow is a bug of the engine, never a caller's mistake.
+    const internal = [
+      "src/util/duration.ts",
+      "src/util/json-error.ts",
+      "src/wire/header-encoding.ts",
+      "src/dispatch/local-queue.ts",
+    ];
+    const found: string[] = [];
+    for (const file of sources("src")) {
+      const name = file.split(path.sep).join("/");
+      if (name.startsWith(BROWSER_CODE) || internal.includes(name)) continue;
+      readFileSync(file, "utf8")
+        .split("\n")
+        .forEach((line, i) => {
+          if (/\bnew (?:Range|Type)Error\(/.test(line)) found.push(`${name}:${i + 1}: ${line.trim()}`);
+        });
+    }
+    expect(found).toEqual([]);
+  });
+
   it("src/ has no error class outside OutboxError but the two that handlers throw", () => {
     const found: string[] = [];
     for (const file of sources("src")) {

@@ -1,5 +1,6 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
+import { OutboxConfigError } from "../../src/contract/errors.js";
 import {
   backoffDelay,
   constant,
@@ -87,7 +88,7 @@ describe("exponential", () => {
   });
 
   it("rejects unusable options when the strategy is built", () => {
-    expect(() => exponential({ baseMs: -1 })).toThrow(RangeError);
+    expect(() => exponential({ baseMs: -1 })).toThrow(OutboxConfigError);
     expect(() => exponential({ baseMs: Number.NaN })).toThrow(/baseMs/);
     expect(() => exponential({ maxMs: Number.POSITIVE_INFINITY })).toThrow(/maxMs/);
     expect(() => exponential({ factor: 0.5 })).toThrow(/factor/);
@@ -198,9 +199,9 @@ describe("linear, constant, none", () => {
     expect(constant(1234)(ctx(1))).toBe(1234);
     expect(constant(1234)(ctx(99))).toBe(1234);
     expect(none()(ctx(5))).toBe(0);
-    expect(() => constant(-1)).toThrow(RangeError);
-    expect(() => constant(Number.NaN)).toThrow(RangeError);
-    expect(() => linear({ stepMs: -1 })).toThrow(RangeError);
+    expect(() => constant(-1)).toThrow(OutboxConfigError);
+    expect(() => constant(Number.NaN)).toThrow(OutboxConfigError);
+    expect(() => linear({ stepMs: -1 })).toThrow(OutboxConfigError);
   });
 
   it("defaultRetry is the default exponential: [500, 1000] ms after the first attempt", () => {
@@ -229,7 +230,7 @@ describe("giveUpAfter", () => {
   });
 
   it("refuses a bound that is not a finite number >= 0", () => {
-    expect(() => giveUpAfter(-1)).toThrow(RangeError);
+    expect(() => giveUpAfter(-1)).toThrow(OutboxConfigError);
     expect(() => giveUpAfter(Number.NaN)).toThrow(/maxElapsedMs/);
   });
 });
@@ -373,8 +374,8 @@ describe("backoffDelay", () => {
   });
 
   it("rejects unusable options", () => {
-    expect(() => backoffDelay(1, { baseMs: Number.NaN, maxMs: 10 })).toThrow(RangeError);
-    expect(() => backoffDelay(1, { baseMs: 1, maxMs: -1 })).toThrow(RangeError);
+    expect(() => backoffDelay(1, { baseMs: Number.NaN, maxMs: 10 })).toThrow(OutboxConfigError);
+    expect(() => backoffDelay(1, { baseMs: 1, maxMs: -1 })).toThrow(OutboxConfigError);
   });
 
   it("property: finite, within [d/2, d] of the unjittered delay, and at most maxMs", () => {
