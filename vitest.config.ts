@@ -4,7 +4,7 @@ import { defineConfig } from "vitest/config";
 export default defineConfig({
   test: {
     include: ["test/**/*.test.ts"],
-    globalSetup: ["test/setup/global-setup.ts"],
+    globalSetup: ["test/support/setup/global-setup.ts"],
     // Timeouts only catch a hang; no test asserts time with them. Generous, so that a test that spawns
     // processes or starts servers on a busy 2-core machine (six CPU hogs beside the run) is slow, not failed.
     testTimeout: 120_000,
@@ -19,6 +19,6 @@ export default defineConfig({
     // schema, application_name, server, port and temp folder of their own). VITEST_MAX_WORKERS or
     // --maxWorkers overrides.
     maxWorkers: Math.max(2, availableParallelism() - 1),
-    reporters: ["default", "./test/setup/summary-reporter.ts"],
+    reporters: ["default", "./test/support/setup/summary-reporter.ts"],
   },
 });

@@ -595,7 +595,7 @@ async function explainStatements(
   const fetchSql = fetchStatement(names, { synchronousCommit: false }, true).statement.text;
   const complete = completeStatements(names, { synchronousCommit: false });
   // The keyed ack and the promotion run inside the ack_key_heads function, whose plans EXPLAIN cannot show
-  // (test/fetch-plan.test.ts reads them through auto_explain): keyed, only the fetch is explained here.
+  // (test/fetch/fetch-plan.test.ts reads them through auto_explain): keyed, only the fetch is explained here.
   const ackSql = complete.ack.statement.text;
   const checks: PlanCheck[] = [];
   const client = await pool.connect();

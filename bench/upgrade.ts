@@ -4,7 +4,7 @@
  * over 100,000 keys), 4 producers publishing one message a transaction the whole time, and `migrate` run in
  * the middle. Prints how long the upgrade took (and each
  * of its statements that ran long enough to be seen), the producers' longest and p99 publish+commit while
- * it ran, and how many commits they made during it. test/migrate-live.test.ts runs the same at 200k rows.
+ * it ran, and how many commits they made during it. test/migrate/migrate-live.test.ts runs the same at 200k rows.
  *
  *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/test npx tsx bench/upgrade.ts [--rows 1000000] [--keys 100000] [--from 2]
  */

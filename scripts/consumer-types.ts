@@ -4,7 +4,7 @@
  * generated from those files by json-schema-to-typescript (examples/consumers/types/).
  *   npx tsx scripts/consumer-types.ts           write them
  *   npx tsx scripts/consumer-types.ts --check   exit 1 when a file is missing or stale
- * test/consumer-examples.test.ts runs the check, so a queue schema change cannot leave the types behind.
+ * test/project/consumer-examples.test.ts runs the check, so a queue schema change cannot leave the types behind.
  */
 import { execFileSync } from "node:child_process";
 import { mkdir, readFile, writeFile } from "node:fs/promises";

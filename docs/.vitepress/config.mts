@@ -116,7 +116,7 @@ const contributing: DefaultTheme.SidebarItem[] = [
 export default defineConfig({
   title: "pg-outbox-worker",
   description: "Transactional outbox for Postgres and TypeScript",
-  // Dead links fail the build (VitePress's default, kept on purpose): test/docs-site.test.ts relies on it.
+  // Dead links fail the build (VitePress's default, kept on purpose): test/project/docs-site.test.ts relies on it.
   ignoreDeadLinks: false,
   lastUpdated: false,
   markdown: { config: (md) => md.use(repoLinks(docsRoot)) },

@@ -81,7 +81,7 @@ function checked<T>(validate: () => T): T {
 
 type Access = "subscribe" | "unsubscribe" | "read";
 
-/** Who may do it: the grant test (test/grant.test.ts) shows each side's rights on subscriptions. */
+/** Who may do it: the grant test (test/cli/grant.test.ts) shows each side's rights on subscriptions. */
 const WHO_MAY: Record<Access, string> = {
   subscribe:
     "run it as the schema's owner, or as a worker role granted outbox-worker grant --worker <role> --worker-can-subscribe",

@@ -3,7 +3,7 @@
  * here: they are read off the relays' own header functions (httpRelayHeaders, natsEventHeaders,
  * rabbitmqEventHeaders, redisEventFields) run on sample messages, so the document follows the code. Only
  * the few names a relay sets inline (signing headers, Nats-Msg-Id, AMQP properties) are listed by hand,
- * and test/consumer-examples.test.ts checks those against messages the relays really send.
+ * and test/project/consumer-examples.test.ts checks those against messages the relays really send.
  */
 import { OutboxError } from "../contract/errors.js";
 import type { MessageContext } from "../contract/handler.js";

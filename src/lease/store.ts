@@ -79,7 +79,7 @@ export interface Landed {
  * The lease store owns the lease token's whole path: it makes each token, leases rows under it, and guards
  * every later write by it, so a worker whose lease was taken over writes nothing (the newer owner wins).
  * The fetcher, completer and heartbeat talk to it and never to SQL. `createPgLeaseStore` is the real one;
- * `MemoryLeaseStore` (test/helpers/memory-store.ts, not shipped) follows the same contract in memory for
+ * `MemoryLeaseStore` (test/support/memory-store.ts, not shipped) follows the same contract in memory for
  * fast, deterministic tests (one conformance suite runs against both).
  */
 export interface LeaseStore {

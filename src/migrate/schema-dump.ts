@@ -8,8 +8,9 @@ export const DUMP_SCHEMA = "outbox";
 type Row = Record<string, unknown>;
 
 const header = `-- The outbox schema as a freshly migrated database has it: generated from the catalog by
--- \`npm run schema:dump\` (scripts/schema-dump.ts), never edited by hand. test/schema-drift.test.ts fails when
--- the migrations and this file disagree. Function bodies live in migrations/functions/, one file each.
+-- \`npm run schema:dump\` (scripts/schema-dump.ts), never edited by hand.
+-- test/migrate/schema-drift.test.ts fails when the migrations and this file disagree. Function bodies
+-- live in migrations/functions/, one file each.
 `;
 
 /**

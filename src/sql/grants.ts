@@ -3,7 +3,7 @@ import { outboxNames, quoteLiteral } from "./names.js";
 
 /**
  * The rights of the three sides of an outbox, as GRANT/REVOKE statements (pure: no connection). Each right
- * is here because an operation of that side fails without it (test/grant.test.ts shows each one).
+ * is here because an operation of that side fails without it (test/cli/grant.test.ts shows each one).
  *
  * - producer: INSERT of the columns `publish` writes, SELECT of `id` (for `RETURNING id`) and of
  *   `queue`/`key`, which the key-head trigger (mark_key_head, SECURITY INVOKER) reads as the inserting role.
