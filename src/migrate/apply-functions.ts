@@ -1,6 +1,11 @@
 import type pg from "pg";
 import { MigrationError } from "../contract/errors.js";
-import type { AppliedFunctionRow, LiveFunctionRow, migrationStatements } from "../sql/migrations.js";
+import {
+  type AppliedFunctionRow,
+  type LiveFunctionRow,
+  MIGRATION_TX,
+  type migrationStatements,
+} from "../sql/migrations.js";
 import type { OutboxNames } from "../sql/names.js";
 import type { FunctionFile } from "./function-files.js";
 import { renderMigration } from "./migration-files.js";
@@ -51,12 +56,12 @@ export async function applyFunctionFiles(
       continue;
     }
     try {
-      await client.query("BEGIN");
+      await client.query(MIGRATION_TX.begin);
       await applyOne(client, file, names, sql);
       await client.query(sql.recordFunction, [file.name, file.checksum, version]);
-      await client.query("COMMIT");
+      await client.query(MIGRATION_TX.commit);
     } catch (error) {
-      await client.query("ROLLBACK").catch(() => {});
+      await client.query(MIGRATION_TX.rollback).catch(() => {});
       throw new MigrationError(
         `function file ${file.name}.sql failed on schema "${names.schema}": ${String(error)}`,
         { cause: error },
@@ -78,13 +83,13 @@ async function applyOne(client: pg.ClientBase, file: FunctionFile, names: Outbox
   const live = async () => (await client.query<LiveFunctionRow>(sql.functionsNamed, [file.name])).rows;
   const before = await live();
   const body = renderMigration(file, names);
-  await client.query("SAVEPOINT function_file");
+  await client.query(MIGRATION_TX.savepoint);
   try {
     await client.query(body);
   } catch (error) {
     if ((error as { code?: unknown }).code !== INVALID_FUNCTION_DEFINITION || before.length === 0)
       throw error;
-    await client.query("ROLLBACK TO SAVEPOINT function_file");
+    await client.query(MIGRATION_TX.rollbackToSavepoint);
     for (const old of before) await client.query(sql.dropFunction(old.signature));
     await client.query(body);
   }

@@ -1,7 +1,7 @@
 import { setTimeout as delay } from "node:timers/promises";
 import pg from "pg";
 import { MigrationError, OutboxError } from "../contract/errors.js";
-import { type AppliedMigrationRow, migrationStatements } from "../sql/migrations.js";
+import { type AppliedMigrationRow, MIGRATION_TX, migrationStatements } from "../sql/migrations.js";
 import { DEFAULT_SCHEMA, outboxNames } from "../sql/names.js";
 import { applyFunctionFiles } from "./apply-functions.js";
 import { functionsDirOf, loadFunctionFiles } from "./function-files.js";
@@ -199,13 +199,13 @@ async function applyInTransactionRetrying(
 }
 
 async function applyInTransaction(client: pg.ClientBase, file: MigrationFile, names: Names, sql: Statements) {
-  await client.query("BEGIN");
+  await client.query(MIGRATION_TX.begin);
   try {
     await client.query(renderMigration(file, names));
     await client.query(sql.record, [file.version, file.name, file.checksum]);
-    await client.query("COMMIT");
+    await client.query(MIGRATION_TX.commit);
   } catch (error) {
-    await client.query("ROLLBACK").catch(() => {});
+    await client.query(MIGRATION_TX.rollback).catch(() => {});
     throw error;
   }
 }
@@ -223,10 +223,7 @@ async function applyWithoutTransaction(
   sql: Statements,
 ) {
   const { rows } = await client.query<{ name: string }>(sql.invalidIndexes);
-  for (const { name } of rows) {
-    const quoted = `"${name.replaceAll('"', '""')}"`;
-    await client.query(`DROP INDEX CONCURRENTLY IF EXISTS ${names.quotedSchema}.${quoted}`);
-  }
+  for (const { name } of rows) await client.query(sql.dropInvalidIndex(name));
   for (const statement of migrationStatementsOf(renderMigration(file, names))) await client.query(statement);
   await client.query(sql.record, [file.version, file.name, file.checksum]);
 }
@@ -289,7 +286,7 @@ export async function printMigrations(
       // CREATE INDEX CONCURRENTLY cannot run inside a transaction block: these run statement by statement.
       ...(file.noTransaction
         ? ["-- runs outside a transaction, one statement at a time", body, record]
-        : ["BEGIN;", body, record, "COMMIT;"]),
+        : [`${MIGRATION_TX.begin};`, body, record, `${MIGRATION_TX.commit};`]),
     );
   }
   // The function files' live bodies, recorded as `migrate` records them. A changed signature is `migrate`'s
@@ -297,10 +294,10 @@ export async function printMigrations(
   for (const file of functionFiles) {
     parts.push(
       `\n-- function ${file.name} (sha256 ${file.checksum})`,
-      "BEGIN;",
+      `${MIGRATION_TX.begin};`,
       renderMigration(file, names).trimEnd(),
       `${sql.recordFunctionLiteral(file.name, file.checksum, version)};`,
-      "COMMIT;",
+      `${MIGRATION_TX.commit};`,
     );
   }
   return `${parts.join("\n")}\n`;

@@ -1,6 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { fileURLToPath } from "node:url";
 import pg from "pg";
+import { dropScratchSchema } from "../sql/migrations.js";
 import { migrate } from "./migrator.js";
 import { dumpSchema } from "./schema-dump.js";
 
@@ -22,7 +23,7 @@ export async function freshSchemaDump(url: string, migrationsDir?: string): Prom
     await migrate({ connection: client, schema, ...(migrationsDir ? { migrationsDir } : {}) });
     return await dumpSchema(client, schema);
   } finally {
-    await client.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`).catch(() => {});
+    await client.query(dropScratchSchema(schema)).catch(() => {});
     await client.end();
   }
 }

@@ -28,6 +28,24 @@ export interface AppliedMigrationRow {
 // schemas in one database does not serialise, and nothing else's lock can collide with ours by chance.
 const LOCK_NAMESPACE = 0x6f757462;
 
+/**
+ * The migrator's transaction control, as plain text: it runs on a connection it may have borrowed from the
+ * caller's pool, where a named prepared statement of ours has no business.
+ */
+export const MIGRATION_TX = {
+  begin: "BEGIN",
+  commit: "COMMIT",
+  rollback: "ROLLBACK",
+  /** Around a function file: a refused CREATE OR REPLACE (a changed signature) is undone, then dropped and made. */
+  savepoint: "SAVEPOINT function_file",
+  rollbackToSavepoint: "ROLLBACK TO SAVEPOINT function_file",
+} as const;
+
+/** A scratch schema made only to be dumped (schema.sql's drift check). */
+export function dropScratchSchema(schema: string): string {
+  return `DROP SCHEMA IF EXISTS "${schema.replaceAll('"', '""')}" CASCADE`;
+}
+
 export function migrationStatements(names: OutboxNames) {
   const schemaLiteral = quoteLiteral(names.schema);
   return {
@@ -80,6 +98,9 @@ WHERE p.oid = to_regprocedure(${quoteLiteral(`${names.quotedSchema}.`)} || $1)`,
     dropFunction: (signature: string) => `DROP FUNCTION ${signature}`,
     revokeFunctionFromPublic: (signature: string) => `REVOKE ALL ON FUNCTION ${signature} FROM PUBLIC`,
     grantExecute: (signature: string, role: string) => `GRANT EXECUTE ON FUNCTION ${signature} TO ${role}`,
+    /** An index left INVALID by a crashed concurrent build, dropped before the re-run rebuilds it. */
+    dropInvalidIndex: (name: string) =>
+      `DROP INDEX CONCURRENTLY IF EXISTS ${names.quotedSchema}."${name.replaceAll('"', '""')}"`,
     recordLiteral(version: number, name: string, checksum: string): string {
       return `INSERT INTO ${names.migrationsTable} (version, name, checksum) VALUES (${version}, ${quoteLiteral(name)}, ${quoteLiteral(checksum)}) ON CONFLICT (version) DO NOTHING`;
     },
