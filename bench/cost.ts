@@ -26,6 +26,13 @@ const before = arg("before", "");
 const steadyMinutes = Number(arg("steady-minutes", "0"));
 const steadyRate = Number(arg("steady-rate", "500"));
 const pickupRuns = Number(arg("pickup-runs", "0"));
+// Which autovacuum settings the steady runs take, in order: "off,on" (both), or one of them.
+const steadyAutovacuum = arg("autovacuum", "off,on")
+  .split(",")
+  .map((v) => {
+    if (v !== "off" && v !== "on") throw new Error(`--autovacuum: off, on or off,on, got ${v}`);
+    return v === "on";
+  });
 const systems = arg("systems", "outbox,outbox-keyed,graphile,pgboss,floor,lease-ack").split(",");
 const KEYS = 10_000;
 
@@ -214,7 +221,7 @@ if (steadyMinutes > 0) {
     "| system | autovacuum | table+index MB, 1st min | table+index MB, last min | dead tuples, last min | pickup p50 / p99 ms, 1st min | pickup p50 / p99 ms, last min | WAL B/msg | Postgres CPU µs/msg | autovacuum runs |",
     "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
   );
-  for (const av of [false, true]) {
+  for (const av of steadyAutovacuum) {
     for (const p of peers) {
       // pg-boss's send is slower per call: with 4 connections its sends fell behind 500/s until they timed
       // out waiting for a connection, so it gets 8 (the rate is what is compared, not the pool).
