@@ -57,7 +57,7 @@ const publisherOptionsSchema = z.strictObject({
     .union([
       z.boolean(),
       z.strictObject({
-        /** A fixed window; unset: the window adapts between 2 and 8 ms with how dense publishes are. */
+        /** A fixed window; unset: 2 ms up to 1,000 publishes a second per queue, growing to 8 ms at 2,000. */
         cooldownMs: z.number().min(0).max(60_000).optional(),
         connection: z
           .custom<Executor>(isExecutor, "must be a pg Pool/Client or a Kysely instance")

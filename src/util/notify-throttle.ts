@@ -7,9 +7,12 @@
  * not, and one trailing notification at the end of the window covers them. Rows whose transaction commits
  * after the trailing notification are found by the worker's poll: a notification is a hint, never a count.
  *
- * With `maxCooldownMs` the window adapts per queue: a window that covered several publishes doubles the
- * next one (up to the max: dense producers notify less, and a busy worker hardly needs the hints), a window
- * that covered none halves it (down to `cooldownMs`: sparse publishes wake the worker at once).
+ * With `maxCooldownMs` the window adapts per queue to the publish rate, smoothed over recent publishes:
+ * up to 1,000 a second (one per ms with the default 2 ms) every window is the shortest, so a steady trickle
+ * waits at most that long for its wake-up; above it the window grows with the square of the rate, up to the
+ * max at 2,000 a second, so producer-bound rates notify as rarely as before. A rate, not one window's count:
+ * counting each window's publishes let a single burst double it, and a window only shrank after one with no
+ * publish at all, so any steady rate above one per window stayed at the max (a 4 ms pickup at 500 msg/s).
  */
 export interface NotifyThrottleOptions {
   /** The window, or its shortest length when it adapts. */
@@ -25,17 +28,28 @@ export interface NotifyThrottleOptions {
 interface QueueWindow {
   openedAt: number;
   lengthMs: number;
-  /** Publishes of this window that did not notify themselves. */
-  covered: number;
   pending: boolean;
   timerSet: boolean;
 }
 
-/** Covered publishes in one window at which the next window doubles. */
-const DENSE = 4;
+/** The publish gap per queue, smoothed: what an adaptive window's length follows. */
+interface QueueRate {
+  lastAt: number;
+  /** Moving average of the time between publishes (ms); undefined until a second publish. */
+  gapMs: number | undefined;
+}
+
+/** Weight of each new gap in the moving average: about the last 16 publishes count. */
+const GAP_WEIGHT = 1 / 16;
+/**
+ * Publishes per shortest window above which the window grows: 2 in 2 ms, i.e. 1,000 a second. Below it the
+ * shortest window's notifications cost producers little (measured: bench/RESULTS.md, issue 30).
+ */
+const GROW_AT = 2;
 
 export class NotifyThrottle {
   readonly #windows = new Map<string, QueueWindow>();
+  readonly #rates = new Map<string, QueueRate>();
   readonly #cooldownMs: number;
   readonly #maxCooldownMs: number;
   readonly #trailing: ((queue: string) => void) | undefined;
@@ -58,13 +72,13 @@ export class NotifyThrottle {
   /** True when this publish should notify inside its transaction. */
   claim(queue: string): boolean {
     const now = this.#now();
+    this.#observe(queue, now);
     const window = this.#windows.get(queue);
     if (!window || now - window.openedAt >= window.lengthMs) {
-      this.#windows.set(queue, this.#next(window, now, window?.timerSet ?? false));
+      this.#windows.set(queue, this.#open(queue, now, window?.timerSet ?? false));
       return true;
     }
     window.pending = true;
-    window.covered++;
     if (this.#trailing && !window.timerSet) {
       window.timerSet = true;
       this.#schedule(() => this.#fireTrailing(queue), Math.max(0, window.openedAt + window.lengthMs - now));
@@ -72,12 +86,32 @@ export class NotifyThrottle {
     return false;
   }
 
-  /** The window after `last`, its length adapted to how many publishes `last` covered. */
-  #next(last: QueueWindow | undefined, now: number, timerSet: boolean): QueueWindow {
-    let lengthMs = last?.lengthMs ?? this.#cooldownMs;
-    if (last && last.covered >= DENSE) lengthMs = Math.min(this.#maxCooldownMs, lengthMs * 2);
-    else if (last && last.covered === 0) lengthMs = Math.max(this.#cooldownMs, lengthMs / 2);
-    return { openedAt: now, lengthMs, covered: 0, pending: false, timerSet };
+  /** Learn the queue's publish rate from the gap since its last publish. */
+  #observe(queue: string, now: number): void {
+    const rate = this.#rates.get(queue);
+    if (!rate) {
+      this.#rates.set(queue, { lastAt: now, gapMs: undefined });
+      return;
+    }
+    // A quiet spell counts as no more than a sparse gap, so the first burst after it is seen within a
+    // few publishes instead of after hundreds.
+    const gap = Math.min(now - rate.lastAt, 2 * this.#maxCooldownMs);
+    rate.gapMs = rate.gapMs === undefined ? gap : rate.gapMs + (gap - rate.gapMs) * GAP_WEIGHT;
+    rate.lastAt = now;
+  }
+
+  /** A window opening now, as long as the queue's recent publish rate asks for. */
+  #open(queue: string, now: number, timerSet: boolean): QueueWindow {
+    const gapMs = this.#rates.get(queue)?.gapMs;
+    let lengthMs = this.#cooldownMs;
+    if (gapMs !== undefined && this.#maxCooldownMs > this.#cooldownMs) {
+      const perShortest = this.#cooldownMs / Math.max(gapMs, 1e-3);
+      // With the square of the rate: at twice GROW_AT the window is 4× the shortest (the default max), so
+      // producer-bound rates notify no more often than before the window followed the rate.
+      const grown = this.#cooldownMs * (perShortest / GROW_AT) ** 2;
+      lengthMs = Math.min(this.#maxCooldownMs, Math.max(this.#cooldownMs, grown));
+    }
+    return { openedAt: now, lengthMs, pending: false, timerSet };
   }
 
   #fireTrailing(queue: string): void {
@@ -87,7 +121,7 @@ export class NotifyThrottle {
     if (!window.pending) return;
     // The trailing notification opens a new window, so a steady stream of publishes costs one
     // notification per cooldown, not one per transaction.
-    this.#windows.set(queue, this.#next(window, this.#now(), false));
+    this.#windows.set(queue, this.#open(queue, this.#now(), false));
     this.#trailing?.(queue);
   }
 }

@@ -111,10 +111,10 @@ describe("NotifyThrottle", () => {
     }
     const at = [0, ...h.trailing.map((n) => n.at)];
     const windows = at.slice(1).map((t, i) => t - (at[i] ?? 0));
-    // The windows doubled from 2 ms to the 8 ms max, and stayed there.
-    expect(windows.slice(0, 3)).toEqual([2, 4, 8]);
-    expect(windows.slice(3).every((w) => w === 8)).toBe(true);
-    // Then one publish every 20 ms: each notifies in its own transaction, and the window halves back to 2 ms.
+    // The first window is the shortest (no rate known yet); at 4,000 a second every later one is the max.
+    expect(windows[0]).toBe(2);
+    expect(windows.slice(1).every((w) => w === 8)).toBe(true);
+    // Then one publish every 20 ms: each notifies in its own transaction, and the window is back to 2 ms.
     const sparse: boolean[] = [];
     for (let t = 100; t < 300; t += 20) {
       h.advanceTo(t);
@@ -126,6 +126,53 @@ describe("NotifyThrottle", () => {
     // The second one is covered by the trailing notification 2 ms later: the window is back to 2 ms.
     h.advanceTo(410);
     expect(h.trailing.at(-1)?.at).toBe(402);
+  });
+
+  it("an adaptive window stays the shortest at a steady 500 publishes a second, bursts and all", () => {
+    // Arrivals of independent producers (exponential gaps, mean 2 ms): some windows see several at once.
+    // Counting each window's publishes let such a burst double the window, and only an empty window
+    // halved it, so it stayed at 8 ms and a covered message waited about 4 ms for its wake-up.
+    const h = harness(2, true, 8);
+    let seed = 42;
+    const random = () => {
+      seed = (seed * 16_807) % 2_147_483_647;
+      return seed / 2_147_483_647;
+    };
+    let t = 0;
+    const publishes: number[] = [];
+    const leading: number[] = [];
+    for (let i = 0; i < 5_000; i++) {
+      t += -Math.log(1 - random()) * 2;
+      h.advanceTo(t);
+      if (h.throttle.claim("a")) leading.push(t);
+      publishes.push(t);
+    }
+    h.advanceTo(t + 100);
+    const notes = [...leading, ...h.trailing.map((n) => n.at)].sort((a, b) => a - b);
+    let j = 0;
+    const waits = publishes.map((p) => {
+      while ((notes[j] ?? Number.POSITIVE_INFINITY) < p) j++;
+      return (notes[j] ?? Number.POSITIVE_INFINITY) - p;
+    });
+    // Each publish is covered by a notification within the shortest window.
+    expect(Math.max(...waits)).toBeLessThanOrEqual(2);
+  });
+
+  it("an adaptive window grows with the square of the rate above 1,000 publishes a second, up to the max", () => {
+    const windowAt = (gapMs: number) => {
+      const h = harness(2, true, 8);
+      for (let t = 0; t < 200; t += gapMs) {
+        h.advanceTo(t);
+        h.throttle.claim("a");
+      }
+      const at = h.trailing.map((n) => n.at);
+      return (at.at(-1) ?? 0) - (at.at(-2) ?? 0);
+    };
+    expect(windowAt(1)).toBe(2);
+    expect(windowAt(0.8)).toBeCloseTo(3.125, 5);
+    expect(windowAt(0.5)).toBe(8);
+    expect(windowAt(0.25)).toBe(8);
+    expect(windowAt(0.1)).toBe(8);
   });
 
   it("property: with an adaptive window, every publish is covered within the longest window, and in-transaction notifications are at least the shortest apart", () => {
