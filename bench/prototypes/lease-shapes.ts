@@ -3,7 +3,7 @@
  * (split by resource manager and full-page images, via pg_walinspect), Postgres CPU, HOT updates, dead
  * tuples and rows/s, on the product's table (migrated), 50,000 rows of ~100-byte payloads.
  *
- * One connection; `depth` batches in flight (lease batch i+depth before acking batch i, as the worker's
+ * `connections` loops (1 unless set), each on its own connection; `depth` batches in flight per loop (lease batch i+depth before acking batch i, as the worker's
  * prefetch does), so the fetch walks past leased rows as it does in the product.
  *
  * Shapes:
@@ -30,6 +30,7 @@ const depth = Number(arg("depth", "2"));
 const rows = Number(arg("rows", "50000"));
 const batch = Number(arg("batch", "500"));
 const workerId = "w".repeat(Number(arg("worker-id-length", "5")));
+const connections = Number(arg("connections", "1"));
 const schema = "bench_lease_shapes";
 const names = outboxNames(schema);
 const m = names.messages;
@@ -51,7 +52,7 @@ if (hot) {
 }
 if (shape === "txheld") {
   await admin.query(
-    `CREATE TABLE ${schema}.attempts (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, ids bigint[] NOT NULL, at timestamptz NOT NULL DEFAULT now())`,
+    `CREATE TABLE ${schema}.attempts (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, ids bigint[] NOT NULL, xid xid8 NOT NULL, at timestamptz NOT NULL DEFAULT now())`,
   );
 }
 await admin.query(
@@ -60,12 +61,16 @@ await admin.query(
 await admin.query(`VACUUM ANALYZE ${m}`);
 await admin.query("CHECKPOINT");
 
-const c = new pg.Client({ connectionString: DATABASE_URL });
-await c.connect();
-await c.query("SET synchronous_commit = off");
-const guard = new pg.Client({ connectionString: DATABASE_URL });
-await guard.connect();
-await guard.query("SET synchronous_commit = off");
+async function session(): Promise<pg.Client> {
+  const client = new pg.Client({ connectionString: DATABASE_URL });
+  await client.connect();
+  await client.query("SET synchronous_commit = off");
+  return client;
+}
+// Each loop has its own connection (and, for txheld, its own guard connection), as a worker's pool would.
+const loops = await Promise.all(
+  Array.from({ length: connections }, async () => ({ c: await session(), guard: await session() })),
+);
 
 const fetch = fetchStatement(names, { synchronousCommit: false }, true);
 const { ack } = completeStatements(names, { synchronousCommit: false });
@@ -99,7 +104,7 @@ RETURNING id, payload`,
 const txSelect = {
   name: "tx_select",
   // Ordered by the column, not the text alias of the same name (that sorted the whole table).
-  text: `SELECT m.id::text AS id, m.payload::text AS payload FROM ${m} AS m
+  text: `SELECT m.id::text AS id, m.payload::text AS payload, pg_current_xact_id()::text AS xid FROM ${m} AS m
   WHERE m.queue = $1 AND m.acquired_token IS NULL AND m.head AND m.available_at <= now()
   ORDER BY m.available_at, m.id LIMIT $2 FOR UPDATE SKIP LOCKED`,
 };
@@ -109,81 +114,87 @@ const stat0 = (await admin.query(`SELECT * FROM pg_stat_user_tables WHERE relid 
 const cpu = cpuMeter();
 const t0 = performance.now();
 let done = 0;
-const inFlight: { ids: string[]; token: string }[] = [];
 let leaseMs = 0;
 let leases = 0;
-async function lease(): Promise<boolean> {
-  const token = randomUUID();
-  const s = performance.now();
-  let got: { id: string }[];
-  if (shape === "current") {
-    got = await runQuery(
-      c,
-      fetch,
-      { queues: ["bench"], limit: batch, token, leaseTtlMs: 60_000, workerId },
-      { prepared: true },
-    );
-  } else {
-    const q = hot?.[2] ? hotLeaseCtid : hotLease;
-    got = (await c.query({ ...q, values: ["bench", token, batch, workerId] })).rows;
-  }
-  leaseMs += performance.now() - s;
-  leases++;
-  if (got.length === 0) return false;
-  inFlight.push({ ids: got.map((r) => r.id), token });
-  return true;
-}
-async function ackOldest(): Promise<void> {
-  const b = inFlight.shift();
-  if (!b) return;
-  const [r] = await runQuery(c, ack, { ids: b.ids, tokens: b.ids.map(() => b.token) }, { prepared: true });
-  if (r?.deleted !== b.ids.length) throw new Error(`ack deleted ${r?.deleted} of ${b.ids.length}`);
-  done += b.ids.length;
-}
-
-if (shape === "floor") {
-  for (;;) {
-    const r = await c.query({ ...floor, values: ["bench", batch] });
-    if (r.rows.length === 0) break;
-    done += r.rows.length;
-  }
-} else if (shape === "txheld") {
-  for (;;) {
-    await c.query("BEGIN");
-    const r = await c.query({ ...txSelect, values: ["bench", batch] });
-    if (r.rows.length === 0) {
-      await c.query("COMMIT");
-      break;
+async function loop(c: pg.Client, guard: pg.Client): Promise<void> {
+  const inFlight: { ids: string[]; token: string }[] = [];
+  async function lease(): Promise<boolean> {
+    const token = randomUUID();
+    const s = performance.now();
+    let got: { id: string }[];
+    if (shape === "current") {
+      got = await runQuery(
+        c,
+        fetch,
+        { queues: ["bench"], limit: batch, token, leaseTtlMs: 60_000, workerId },
+        { prepared: true },
+      );
+    } else {
+      const q = hot?.[2] ? hotLeaseCtid : hotLease;
+      got = (await c.query({ ...q, values: ["bench", token, batch, workerId] })).rows;
     }
-    const ids = r.rows.map((x) => x.id);
-    // The crash-loop guard: one row per batch naming its ids, committed before the handlers run.
-    const g = await guard.query({
-      name: "guard",
-      text: `INSERT INTO ${schema}.attempts (ids) VALUES ($1::bigint[]) RETURNING id`,
-      values: [ids],
-    });
-    await c.query({ name: "txdel", text: `DELETE FROM ${m} WHERE id = ANY ($1::bigint[])`, values: [ids] });
-    await c.query({
-      name: "txdelguard",
-      text: `DELETE FROM ${schema}.attempts WHERE id = $1`,
-      values: [g.rows[0].id],
-    });
-    await c.query("COMMIT");
-    done += ids.length;
+    leaseMs += performance.now() - s;
+    leases++;
+    if (got.length === 0) return false;
+    inFlight.push({ ids: got.map((r) => r.id), token });
+    return true;
   }
-} else {
-  for (;;) {
-    while (inFlight.length < depth) if (!(await lease())) break;
-    if (inFlight.length === 0) break;
-    await ackOldest();
+  async function ackOldest(): Promise<void> {
+    const b = inFlight.shift();
+    if (!b) return;
+    const [r] = await runQuery(c, ack, { ids: b.ids, tokens: b.ids.map(() => b.token) }, { prepared: true });
+    if (r?.deleted !== b.ids.length) throw new Error(`ack deleted ${r?.deleted} of ${b.ids.length}`);
+    done += b.ids.length;
+  }
+
+  if (shape === "floor") {
+    for (;;) {
+      const r = await c.query({ ...floor, values: ["bench", batch] });
+      if (r.rows.length === 0) break;
+      done += r.rows.length;
+    }
+  } else if (shape === "txheld") {
+    for (;;) {
+      await c.query("BEGIN");
+      const r = await c.query({ ...txSelect, values: ["bench", batch] });
+      if (r.rows.length === 0) {
+        await c.query("COMMIT");
+        break;
+      }
+      const ids = r.rows.map((x) => x.id);
+      // The crash-loop guard: one row per batch naming its ids and the leasing transaction, committed
+      // before the handlers run (a crash leaves it behind for the repair to count a delivery).
+      const g = await guard.query({
+        name: "guard",
+        text: `INSERT INTO ${schema}.attempts (ids, xid) VALUES ($1::bigint[], $2::xid8) RETURNING id`,
+        values: [ids, r.rows[0].xid],
+      });
+      await c.query({ name: "txdel", text: `DELETE FROM ${m} WHERE id = ANY ($1::bigint[])`, values: [ids] });
+      await c.query({
+        name: "txdelguard",
+        text: `DELETE FROM ${schema}.attempts WHERE id = $1`,
+        values: [g.rows[0].id],
+      });
+      await c.query("COMMIT");
+      done += ids.length;
+    }
+  } else {
+    for (;;) {
+      while (inFlight.length < depth) if (!(await lease())) break;
+      if (inFlight.length === 0) break;
+      await ackOldest();
+    }
   }
 }
+await Promise.all(loops.map((l) => loop(l.c, l.guard)));
 const seconds = (performance.now() - t0) / 1000;
 const used = cpu.stop();
 const lsn1 = (await admin.query<{ l: string }>("SELECT pg_current_wal_lsn()::text AS l")).rows[0]?.l;
 // The backends flush their table statistics when they end.
-await c.end();
-await guard.end();
+for (const l of loops) {
+  await l.c.end();
+  await l.guard.end();
+}
 await new Promise((r) => setTimeout(r, 1500));
 // Asynchronous commits: pg_walinspect reads only WAL already flushed (the WAL writer does so within 200 ms).
 while (!(await admin.query("SELECT pg_current_wal_flush_lsn() >= $1::pg_lsn AS ok", [lsn1])).rows[0].ok)
@@ -201,6 +212,7 @@ console.log(
   JSON.stringify({
     shape,
     depth,
+    connections,
     done,
     rowsPerS: Math.round(done / seconds),
     walPerMsg: per(total),
