@@ -10,7 +10,7 @@
  * With `maxCooldownMs` the window adapts per queue to the publish rate, smoothed over recent publishes:
  * up to 1,000 a second (one per ms with the default 2 ms) every window is the shortest, so a steady trickle
  * waits at most that long for its wake-up; above it the window grows with the square of the rate, up to the
- * max at 2,000 a second, so producer-bound rates notify as rarely as before. A rate, not one window's count:
+ * max at 2,000 a second, where producers notify as rarely as before. A rate, not one window's count:
  * counting each window's publishes let a single burst double it, and a window only shrank after one with no
  * publish at all, so any steady rate above one per window stayed at the max (a 4 ms pickup at 500 msg/s).
  */
@@ -107,7 +107,7 @@ export class NotifyThrottle {
     if (gapMs !== undefined && this.#maxCooldownMs > this.#cooldownMs) {
       const perShortest = this.#cooldownMs / Math.max(gapMs, 1e-3);
       // With the square of the rate: at twice GROW_AT the window is 4× the shortest (the default max), so
-      // producer-bound rates notify no more often than before the window followed the rate.
+      // from 2,000 a second producers notify no more often than before the window followed the rate.
       const grown = this.#cooldownMs * (perShortest / GROW_AT) ** 2;
       lengthMs = Math.min(this.#maxCooldownMs, Math.max(this.#cooldownMs, grown));
     }
