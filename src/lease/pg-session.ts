@@ -1,7 +1,7 @@
 import type pg from "pg";
 import { isPreparedStatementLost, type Query, run, runQuery, type Statement } from "../sql/executor.js";
 import { NOTIFY } from "../sql/produce.js";
-import { BEGIN, COMMIT } from "../sql/transaction.js";
+import { BEGIN, COMMIT, DISCARD_PLANS } from "../sql/transaction.js";
 
 /** Runs one statement: on the pool (its own implicit transaction), or on a handler's connection. */
 export type Runner = <P, R>(q: Query<P, R>, p: P) => Promise<R[]>;
@@ -15,6 +15,8 @@ export interface PgSessionOptions {
   queryTimeoutMs: number;
   /** Named statements were lost between statements (a transaction-mode pooler): unnamed from now on. */
   onPreparedLost?: (error: unknown) => void;
+  /** The clock of the plan refresh (tests); the first session on a pool sets it for that pool. */
+  now?: () => number;
 }
 
 /**
@@ -40,9 +42,49 @@ export interface PgSession {
   useUnnamedStatements(): boolean;
 }
 
+/**
+ * How often each connection drops the plans of its named statements. Postgres keeps the generic plan it
+ * made in a statement's first executions until an ANALYZE or VACUUM of the table invalidates it; made while
+ * the outbox had a page or two, that plan scans the table sequentially, and without vacuum the table grows
+ * with the versions of delivered rows: every lease and ack then reads all of it (bench/RESULTS.md, issue 30:
+ * pickup 1 → 13 ms in 100 s at 500 msg/s). Replanned at most this long after the table grew, for one round
+ * trip per connection per period.
+ */
+export const PLAN_REFRESH_MS = 30_000;
+
+/** Per connection: the refresh period it was last handed out in (absent: never handed out yet). */
+const planned = new WeakMap<pg.PoolClient, number>();
+/** Pools whose connections refresh their plans: one listener per pool, however many stores share it. */
+const watched = new WeakSet<pg.Pool>();
+
+/**
+ * A connection handed out in a later period than before drops its plans first: the DISCARD is queued on it
+ * before the statement it was taken for, so statements stay `pool.query`. On a pool the caller passed in,
+ * its other users' plans are refreshed too (a replan, nothing else); behind a transaction-mode pooler it is
+ * a round trip with nothing to drop.
+ */
+function watchPlans(p: pg.Pool, now: () => number, timeoutMs: number): void {
+  if (watched.has(p) || typeof p.on !== "function") return;
+  watched.add(p);
+  p.on("acquire", (client: pg.PoolClient) => {
+    const period = Math.floor(now() / PLAN_REFRESH_MS);
+    const last = planned.get(client);
+    if (last === period) return;
+    planned.set(client, period);
+    // A broken connection fails the statement behind it too, which its caller retries.
+    if (last !== undefined) run(client, DISCARD_PLANS, [], { timeoutMs }).catch(() => {});
+  });
+}
+
 export function createPgSession(options: PgSessionOptions): PgSession {
   let prepared = options.preparedStatements;
   const timeoutMs = options.queryTimeoutMs;
+  const now = options.now ?? Date.now;
+  function pool(): pg.Pool {
+    const p = options.pool();
+    watchPlans(p, now, timeoutMs);
+    return p;
+  }
 
   /**
    * A transaction-mode pooler hands each statement to any server connection: named statements cannot work
@@ -69,7 +111,7 @@ export function createPgSession(options: PgSessionOptions): PgSession {
   }
 
   async function transaction<T>(work: (run: Runner) => Promise<T>): Promise<T> {
-    const client = await options.pool().connect();
+    const client = await pool().connect();
     try {
       await run(client, BEGIN, [], { timeoutMs });
       const result = await work((q, p) => runQuery(client, q, p, { prepared, timeoutMs }));
@@ -85,12 +127,12 @@ export function createPgSession(options: PgSessionOptions): PgSession {
   }
 
   return {
-    query: async (q, p) => runNoticing(options.pool(), q, p),
+    query: async (q, p) => runNoticing(pool(), q, p),
     runnerOn: (client) => (q, p) => runNoticing(client, q, p),
     transaction,
     control: (client, statement) => run(client, statement, [], { timeoutMs }),
-    notify: (channel, queue) => run(options.pool(), NOTIFY, [channel, queue], { timeoutMs }),
-    connect: () => options.pool().connect(),
+    notify: (channel, queue) => run(pool(), NOTIFY, [channel, queue], { timeoutMs }),
+    connect: () => pool().connect(),
     useUnnamedStatements() {
       const was = prepared;
       prepared = false;

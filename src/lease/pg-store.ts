@@ -48,6 +48,8 @@ export interface PgLeaseStoreOptions {
   onKeyBusy?: (heads: number) => void;
   /** Named statements were lost between statements (a transaction-mode pooler): unnamed from now on. */
   onPreparedLost?: (error: unknown) => void;
+  /** The clock of the connections' plan refresh (tests; see PLAN_REFRESH_MS). */
+  now?: () => number;
 }
 
 /** The Postgres lease store, which can also be told to stop naming its statements. */

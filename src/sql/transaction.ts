@@ -16,3 +16,6 @@ export const BEGIN_HANDLER = statement("begin_handler", "BEGIN ISOLATION LEVEL R
 // turns it took, so no producer waits on this transaction while it waits on that producer.
 export const SAVEPOINT = statement("savepoint", "SAVEPOINT outbox_ack");
 export const ROLLBACK_TO_SAVEPOINT = statement("rollback_savepoint", "ROLLBACK TO SAVEPOINT outbox_ack");
+// Drops the generic plans this connection's named statements keep: the next executions plan for the tables
+// as they are now (see the lease session's plan refresh). Session state only: no privilege needed.
+export const DISCARD_PLANS = statement("discard_plans", "DISCARD PLANS");
