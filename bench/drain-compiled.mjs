@@ -50,6 +50,7 @@ const worker = createWorker({
   schema: spec.schema,
   concurrency: spec.concurrency,
   batchSize: spec.batchSize,
+  ...(spec.preparedStatements === false ? { preparedStatements: false } : {}),
   logger: false,
   queues: {
     bench: () => {

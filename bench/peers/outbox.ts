@@ -98,6 +98,8 @@ export function outboxPeer(schema: string): Peer {
         ...(tuning?.batchSize ? { batchSize: tuning.batchSize } : {}),
         // 1: wait for the WAL flush on the worker's writes, as graphile-worker and pg-boss always do.
         synchronousCommit: tuning?.synchronousCommit === 1,
+        // preparedStatements 0: every statement unnamed (planned at each execution), as behind PgBouncer.
+        ...(tuning?.preparedStatements === 0 ? { preparedStatements: false } : {}),
         // rawPayload 1: a `rawPayload: true` queue (what every relay is), the stored text unparsed; drain
         // only, whose onJob never reads the payload (latency reads orderId).
         queues: {

@@ -4,7 +4,7 @@
  * statements timed per window, and the pickup split into commit → lease start (waiting for a fetch) and lease
  * start → handler start.
  *
- *   npx tsx bench/prototypes/steady-probe.ts --rate 500 --seconds 180 --window 30
+ *   npx tsx bench/prototypes/steady-probe.ts --rate 500 --seconds 180 --window 30 [--prepared 0]
  */
 
 import { arg, instrumentQueries, percentile, sleep, until } from "../lib.js";
@@ -17,7 +17,9 @@ const stats = instrumentQueries();
 const peer = outboxPeer("bench_steady_probe");
 await peer.setup();
 const started = new Map<number, number>();
+const prepared = arg("prepared", "1");
 await peer.startWorker({
+  ...(prepared === "0" ? { tuning: { preparedStatements: 0 } } : {}),
   concurrency: 10,
   listen: true,
   onJob: (p) => void started.set(p.orderId, performance.now()),
