@@ -3,6 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { PLAN_REFRESH_MS } from "../../src/lease/pg-session.js";
 import { createPgLeaseStore } from "../../src/lease/pg-store.js";
 import { testDatabase } from "../support/database.js";
+import { until } from "../support/worker.js";
 
 const db = testDatabase("planrefresh");
 const m = db.names.messages;
@@ -36,17 +37,27 @@ async function deliverOne(): Promise<void> {
   expect(landed.count).toBe(1);
 }
 
-/**
- * Sequential scans of the messages table so far. The store's connection flushes its counts to shared memory
- * before it answers the flush request (Postgres reports statistics before ReadyForQuery), so one read is exact.
- */
+/** Sequential scans of the messages table so far, with the store's connection's counts flushed first. */
 async function seqScans(): Promise<number> {
   await pool.query("SELECT pg_stat_force_next_flush()");
-  const { rows } = await db.pool.query(
-    "SELECT seq_scan FROM pg_stat_user_tables WHERE relid = $1::regclass",
-    [m],
+  const read = async () =>
+    Number(
+      (await db.pool.query("SELECT seq_scan FROM pg_stat_user_tables WHERE relid = $1::regclass", [m]))
+        .rows[0].seq_scan,
+    );
+  // The flush lands when that statement's transaction ends: wait until two reads agree.
+  let last = await read();
+  await until(
+    async () => {
+      const now = await read();
+      const same = now === last;
+      last = now;
+      return same;
+    },
+    "the scan counts to settle",
+    10_000,
   );
-  return Number(rows[0].seq_scan);
+  return last;
 }
 
 /**
