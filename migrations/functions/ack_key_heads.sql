@@ -8,6 +8,8 @@
 -- Rows: 'deleted' (how many), 'written' per delivery deleted (only when some were not), 'busy', and
 -- 'promoted' per new head (taken: handed off). The successor look-up starts above the deleted head
 -- (promote_heads_after). Called by workers of the previous release too: keep its arguments and results.
+-- The zero token fences rows no lease names: deliveries held by their leasing transaction's row lock
+-- (leaseMode "transaction"); a lease's random token never equals it.
 CREATE OR REPLACE FUNCTION {{schema}}.ack_key_heads(
   ids bigint[], tokens uuid[], queues text[], keys text[], hand_off integer, hand_token uuid,
   lease_ttl_ms double precision, worker_id text, wait_for_flush boolean
@@ -37,7 +39,7 @@ BEGIN
   ), gone AS (
     DELETE FROM {{schema}}.messages AS t USING tried AS k
     -- A head whose lock a producer holds stays (busy below).
-    WHERE t.id = k.id AND t.acquired_token = k.token AND (t.key IS NULL OR NOT t.head OR k.locked)
+    WHERE t.id = k.id AND COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid) = k.token AND (t.key IS NULL OR NOT t.head OR k.locked)
     RETURNING t.id, k.token, t.queue, t.key, t.head
   )
   -- Not yet as text: the deliveries written are named only when some were not.
@@ -56,11 +58,11 @@ BEGIN
                         NULL::timestamptz, NULL::timestamptz, NULL::boolean
                  FROM unnest(written, written_tokens) AS w(id, token);
     -- This statement sees the deletions above: what is still ours and heads a key was busy.
-    RETURN QUERY SELECT 'busy', t.id::text || '/' || t.acquired_token::text, NULL::text, NULL::text, NULL::text,
+    RETURN QUERY SELECT 'busy', t.id::text || '/' || COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid)::text, NULL::text, NULL::text, NULL::text,
                         NULL::jsonb, NULL::text, NULL::float8, NULL::int, NULL::int, NULL::int,
                         NULL::timestamptz, NULL::timestamptz, NULL::boolean
                  FROM unnest(ids, tokens) AS b(id, token)
-                 JOIN {{schema}}.messages AS t ON t.id = b.id AND t.acquired_token = b.token
+                 JOIN {{schema}}.messages AS t ON t.id = b.id AND COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid) = b.token
                  WHERE t.key IS NOT NULL AND t.head;
   END IF;
   IF head_keys IS NOT NULL THEN

@@ -5,6 +5,8 @@
 -- but each delivery's queue and key are read from its row. The lock is tried on the deliveries' own rows
 -- only (materialised first): a filter on the table would run on every leased row the planner scans and
 -- hold the locks of other workers' keys until commit. Promotion looks from the start of each key.
+-- The zero token fences rows no lease names: deliveries held by their leasing transaction's row lock
+-- (leaseMode "transaction"); a lease's random token never equals it.
 CREATE OR REPLACE FUNCTION {{schema}}.ack_keyed(
   ids bigint[], tokens uuid[], hand_off integer, hand_token uuid, lease_ttl_ms double precision,
   worker_id text, wait_for_flush boolean
@@ -26,7 +28,7 @@ BEGIN
   END IF;
   WITH mine AS MATERIALIZED (
     SELECT t.id, d.token, t.queue, t.key, t.head
-    FROM unnest(ids, tokens) AS d(id, token) JOIN {{schema}}.messages AS t ON t.id = d.id AND t.acquired_token = d.token
+    FROM unnest(ids, tokens) AS d(id, token) JOIN {{schema}}.messages AS t ON t.id = d.id AND COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid) = d.token
   ), kept AS MATERIALIZED (
     -- The lock is tried on the deliveries' own rows only (materialised first): a filter on the table would
     -- run on every leased row the planner scans and hold the locks of other workers' keys until commit.
@@ -35,7 +37,7 @@ BEGIN
   ), gone AS (
     DELETE FROM {{schema}}.messages AS t USING kept AS k
     -- A row promoted since `mine` read it (an unordered queue's) is a head without its lock: busy.
-    WHERE t.id = k.id AND t.acquired_token = k.token AND (t.key IS NULL OR NOT t.head OR k.locked)
+    WHERE t.id = k.id AND COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid) = k.token AND (t.key IS NULL OR NOT t.head OR k.locked)
     RETURNING t.id::text || '/' || k.token::text AS delivery, t.queue, t.key, t.head
   )
   SELECT count(*), array_agg(g.delivery),
@@ -52,11 +54,11 @@ BEGIN
                         NULL::boolean
                  FROM unnest(written) AS w;
     -- This statement sees the deletions above: what is still ours and heads a key was busy.
-    RETURN QUERY SELECT 'busy', t.id::text || '/' || t.acquired_token::text, NULL::text, NULL::text, NULL::text,
+    RETURN QUERY SELECT 'busy', t.id::text || '/' || COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid)::text, NULL::text, NULL::text, NULL::text,
                         NULL::jsonb, NULL::text, NULL::float8, NULL::int, NULL::int, NULL::int,
                         NULL::timestamptz, NULL::timestamptz, NULL::boolean
                  FROM unnest(ids, tokens) AS b(id, token)
-                 JOIN {{schema}}.messages AS t ON t.id = b.id AND t.acquired_token = b.token
+                 JOIN {{schema}}.messages AS t ON t.id = b.id AND COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid) = b.token
                  WHERE t.key IS NOT NULL AND t.head;
   END IF;
   IF head_keys IS NOT NULL THEN

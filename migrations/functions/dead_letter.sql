@@ -8,6 +8,8 @@
 -- row: `keys` the deliveries moved (null when all were), `busy`, and the heads removed.
 -- SECURITY DEFINER with search_path pinned: the caller chooses the reason and the error, never the content.
 -- `no_subscribers` is fan_out's alone: replay fans such a dead letter out to every subscriber of its topic.
+-- The zero token fences rows no lease names: deliveries held by their leasing transaction's row lock
+-- (leaseMode "transaction"); a lease's random token never equals it.
 CREATE OR REPLACE FUNCTION {{schema}}.dead_letter(
   ids bigint[], tokens uuid[], reasons text[], errors text[], attempted_flags integer[],
   failed_flags integer[], max_error_length integer, wait_for_flush boolean
@@ -27,7 +29,7 @@ BEGIN
     SELECT d.*, t.queue AS lock_queue, t.key AS lock_key, t.head AS lock_head
     FROM unnest(ids, tokens, reasons, errors, attempted_flags, failed_flags)
       AS d(id, token, reason, error, attempted, failed)
-    JOIN {{schema}}.messages AS t ON t.id = d.id AND t.acquired_token = d.token
+    JOIN {{schema}}.messages AS t ON t.id = d.id AND COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid) = d.token
   ), kept AS MATERIALIZED (
     -- Materialised: the lock is tried on the deliveries' own rows only, once each.
     SELECT k.*, k.lock_key IS NOT NULL AND k.lock_head AS locked FROM mine AS k
@@ -35,10 +37,10 @@ BEGIN
        OR pg_try_advisory_xact_lock(hashtext(k.lock_queue), hashtext(k.lock_key))
   ), gone AS (
     DELETE FROM {{schema}}.messages AS t USING kept AS d
-    WHERE t.id = d.id AND t.acquired_token = d.token AND (t.key IS NULL OR NOT t.head OR d.locked)
+    WHERE t.id = d.id AND COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid) = d.token AND (t.key IS NULL OR NOT t.head OR d.locked)
     RETURNING t.id, t.queue, t.payload, t.headers, t.key, t.created_at, t.available_at, t.acquired_by,
               t.deliveries_count, t.attempts_count, t.failures_count, t.first_attempt_at, t.last_attempt_at,
-              t.last_error, t.head, t.id::text || '/' || t.acquired_token::text AS delivery,
+              t.last_error, t.head, t.id::text || '/' || COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid)::text AS delivery,
               d.reason, d.error,
               -- Counts of one delivery: whether a handler ran and failed, nothing more.
               least(greatest(d.attempted, 0), 1) AS attempted, least(greatest(d.failed, 0), 1) AS failed
@@ -66,9 +68,9 @@ BEGIN
   -- visible to this statement's snapshot, so they are excluded by id.
   SELECT CASE WHEN count(*) < cardinality(ids) THEN COALESCE(array_agg(g.delivery), '{}') END,
          CASE WHEN count(*) < cardinality(ids) THEN (
-           SELECT COALESCE(array_agg(t.id::text || '/' || t.acquired_token::text), '{}')
+           SELECT COALESCE(array_agg(t.id::text || '/' || COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid)::text), '{}')
            FROM unnest(ids, tokens) AS b(id, token)
-           JOIN {{schema}}.messages AS t ON t.id = b.id AND t.acquired_token = b.token
+           JOIN {{schema}}.messages AS t ON t.id = b.id AND COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid) = b.token
            WHERE t.key IS NOT NULL AND t.head AND t.id NOT IN (SELECT x.id FROM gone AS x)
          ) ELSE '{}' END,
          COALESCE(array_agg(g.queue) FILTER (WHERE g.key IS NOT NULL AND g.head), '{}'),

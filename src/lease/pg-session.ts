@@ -17,6 +17,12 @@ export interface PgSessionOptions {
   onPreparedLost?: (error: unknown) => void;
   /** The clock of the plan refresh (tests); the first session on a pool sets it for that pool. */
   now?: () => number;
+  /**
+   * Every statement runs on this connection, inside the transaction its owner holds open there (a
+   * transaction-held batch, src/lease/pg-batch.ts): `transaction` adds no BEGIN or COMMIT, since the owner's
+   * commit makes it all land together, and `connect` is refused (nothing may leave that transaction).
+   */
+  within?: pg.PoolClient;
 }
 
 /**
@@ -124,6 +130,25 @@ export function createPgSession(options: PgSessionOptions): PgSession {
       noticeLost(error);
       throw error;
     }
+  }
+
+  const within = options.within;
+  if (within) {
+    const runIn: Runner = (q, p) => runNoticing(within, q, p);
+    return {
+      query: runIn,
+      runnerOn: (client) => (q, p) => runNoticing(client, q, p),
+      transaction: (work) => work(runIn),
+      control: (client, statement) => run(client, statement, [], { timeoutMs }),
+      // Sent at the owner's commit: a wake-up before it would find nothing new.
+      notify: (channel, queue) => run(within, NOTIFY, [channel, queue], { timeoutMs }),
+      connect: () => Promise.reject(new Error("a transaction-held batch opens no other connection")),
+      useUnnamedStatements() {
+        const was = prepared;
+        prepared = false;
+        return was;
+      },
+    };
   }
 
   return {

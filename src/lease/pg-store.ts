@@ -50,6 +50,8 @@ export interface PgLeaseStoreOptions {
   onPreparedLost?: (error: unknown) => void;
   /** The clock of the connections' plan refresh (tests; see PLAN_REFRESH_MS). */
   now?: () => number;
+  /** Every write on this connection, in the transaction its owner holds open (see PgSessionOptions.within). */
+  within?: pg.PoolClient;
 }
 
 /** The Postgres lease store, which can also be told to stop naming its statements. */

@@ -224,6 +224,8 @@ const TUNING_DESCRIPTIONS: Record<keyof typeof workerTuningShape, string> = {
     "wait for the WAL flush on the worker's own writes (off: a server crash can only redeliver)",
   preparedStatements:
     "named prepared statements, unless a transaction-mode pooler (PgBouncer) is found at start; false: never",
+  leaseMode:
+    '"token": each leased row carries a token and expiry, renewed while its handler runs; "transaction": a batch\'s rows are locked by the transaction that leased them and its outcomes committed together (less database work; for fast handlers and relays)',
   queryTimeoutMs: "bound on each database round trip (default leaseTtlMs / 3, at most 10 s)",
   handlerTimeoutMs: "run time after which a handler is aborted and its attempt fails (timeout)",
   poolSize:

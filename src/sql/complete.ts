@@ -23,6 +23,12 @@ export interface DeliveryParams {
   tokens: string | readonly string[];
 }
 
+/**
+ * The token of deliveries no lease names: rows locked by the transaction that leased them (leaseMode
+ * "transaction"). The fence reads an unleased row's token as this one; a random (v4) token never is.
+ */
+export const UNLEASED_TOKEN = "00000000-0000-0000-0000-000000000000";
+
 export interface CompleteStatements {
   /**
    * One row: `deleted` count, and `keys` (the deleted deliveries) only when some were not deleted. The
@@ -190,8 +196,13 @@ export function deliveryKey(id: string, token: string): string {
   return `${id}/${token}`;
 }
 
+/**
+ * The token a row's writes are fenced by: its lease's, or UNLEASED_TOKEN when no lease names it (a delivery
+ * held by its leasing transaction's row lock, src/lease/pg-batch.ts).
+ */
+const TOKEN = `COALESCE(t.acquired_token, '${UNLEASED_TOKEN}'::uuid)`;
 /** The same key, built in SQL from a row alias `t` that still carries its token. */
-const KEY = "t.id::text || '/' || t.acquired_token::text";
+const KEY = `t.id::text || '/' || ${TOKEN}::text`;
 
 export interface KeyRow {
   key: string;
@@ -204,7 +215,20 @@ export interface AckRow {
   keys: string[] | null;
 }
 
+/** Built once per schema and setting: a transaction-held batch makes a store of its own per batch. */
+const built = new Map<string, CompleteStatements>();
+
 export function completeStatements(names: OutboxNames, settings: StatementSettings): CompleteStatements {
+  const id = `${names.quotedSchema}/${settings.synchronousCommit}`;
+  let statements = built.get(id);
+  if (!statements) {
+    statements = buildCompleteStatements(names, settings);
+    built.set(id, statements);
+  }
+  return statements;
+}
+
+function buildCompleteStatements(names: OutboxNames, settings: StatementSettings): CompleteStatements {
   const m = names.messages;
   const pairs = "unnest($1::bigint[], $2::uuid[])";
   const also = settingsJoin(settings);
@@ -342,7 +366,7 @@ FROM unnest($1::bigint[], $2::uuid[]) AS d(id, token), blocked AS b WHERE d.id =
       "ack_follow_ups",
       `${withSettings(settings, true)}gone AS (
   DELETE FROM ${m} AS t USING ${pairs} AS d(id, token)${also}
-  WHERE t.id = d.id AND t.acquired_token = d.token
+  WHERE t.id = d.id AND ${TOKEN} = d.token
   RETURNING t.id, ${KEY} AS key
 ), ${followUpRows("JOIN gone AS g ON g.id = f.parent_id", 3)}
 SELECT count(*)::int AS deleted,
@@ -356,7 +380,7 @@ FROM gone`,
       "ack_follow_up_keys",
       `/* DELETE with keyed follow-ups */ ${withSettings(settings, true)}${followUpKeyTries({ parents: 3, queues: 4, keys: 7, timeout: 12 })}, gone AS (
   DELETE FROM ${m} AS t USING ${pairs} AS d(id, token), blocked AS b${also}
-  WHERE t.id = d.id AND t.acquired_token = d.token AND NOT (t.id = ANY (b.ids))
+  WHERE t.id = d.id AND ${TOKEN} = d.token AND NOT (t.id = ANY (b.ids))
   RETURNING t.id, ${KEY} AS key
 ), ${followUpRows("JOIN gone AS g ON g.id = f.parent_id", 3)}
 SELECT count(*)::int AS deleted,
@@ -404,7 +428,7 @@ FROM gone`,
       "ack",
       `${withSettings(settings, true)}gone AS (
   DELETE FROM ${m} AS t USING ${pairs} AS d(id, token)${also}
-  WHERE t.id = d.id AND t.acquired_token = d.token
+  WHERE t.id = d.id AND ${TOKEN} = d.token
   RETURNING ${KEY} AS key
 )
 SELECT count(*)::int AS deleted,
@@ -426,7 +450,7 @@ SET acquired_token = NULL, acquired_at = NULL, lease_expires_at = NULL, acquired
     last_error = left(d.error, $6)
 FROM unnest($1::bigint[], $2::uuid[], $3::double precision[], $4::text[], $5::int[])
      AS d(id, token, delay_ms, error, failed)${also}
-WHERE t.id = d.id AND t.acquired_token = d.token
+WHERE t.id = d.id AND ${TOKEN} = d.token
 RETURNING t.id::text || '/' || d.token::text AS key`,
       (p) => [p.ids, p.tokens, p.delaysMs, p.errors, p.failed, p.maxErrorLength],
     ),

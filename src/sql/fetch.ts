@@ -42,13 +42,6 @@ export interface LeaseParams {
 }
 
 /**
- * A row a fetch may lease: unleased, or its lease ran out. Checked on the heap: no index holds the lease
- * columns, so a lease is a HOT update (migration 0021). Our own deliveries still running (the event loop was
- * blocked past their lease) are never taken: never a second run.
- */
-const DUE = "(acquired_token IS NULL OR (lease_expires_at <= now() AND acquired_token <> ALL ($8::uuid[])))";
-
-/**
  * Lease up to `limit` rows of `queues` whose lease is unset or expired and whose time has come, oldest
  * first within each queue, under `token` for `leaseTtlMs`, naming `workerId` as their holder.
  *
@@ -78,47 +71,9 @@ export function fetchStatement(
 ): Query<LeaseParams, LeasedRow> {
   const m = names.messages;
   const cte = settingsCte(settings);
-  const turn = oneQueue
-    ? "0"
-    : "(row_number() OVER (PARTITION BY queue ORDER BY available_at, id))::float8 / share";
   return defineQuery(
     "lease",
-    `WITH ${cte === "" ? "" : `${cte}, `}due AS (
-  SELECT c.id, c.available_at, c.bytes, q.queue, q.share FROM unnest($1::text[], $9::int[]) AS q(queue, share)
-  CROSS JOIN LATERAL (
-    SELECT id, available_at, pg_column_size(payload) AS bytes FROM ${m}
-    WHERE queue = q.queue AND head AND available_at <= now() AND ${DUE}
-    ORDER BY available_at, id
-    -- Its share, not the whole limit: every row a scan takes is read and locked, picked or not.
-    LIMIT q.share
-    FOR UPDATE SKIP LOCKED
-  ) AS c
-), behind AS (
-  SELECT c.id, c.available_at, c.bytes, q.queue, q.share FROM unnest($1::text[], $9::int[]) AS q(queue, share)
-  CROSS JOIN LATERAL (
-    SELECT id, available_at, pg_column_size(payload) AS bytes FROM ${m}
-    WHERE queue = q.queue AND NOT head AND available_at <= now() AND ${DUE}
-    ORDER BY available_at, id
-    LIMIT q.share
-    FOR UPDATE SKIP LOCKED
-  ) AS c
-  WHERE q.queue = ANY ($6::text[])
-), picked AS (
-  SELECT id FROM (
-    SELECT id, row_number() OVER w AS n, sum(bytes) OVER w AS running
-    FROM (
-      -- A queue's k-th row (oldest first) takes turn k / share: where the shares sum past the limit, the
-      -- cut takes the same fraction of each queue's rows, not the oldest of all (one queue's old backlog
-      -- would starve the others). With one queue this is oldest first.
-      SELECT id, available_at, bytes, ${turn} AS turn
-      FROM (SELECT * FROM due UNION ALL SELECT * FROM behind) AS r
-    ) AS candidates
-    WINDOW w AS (ORDER BY turn, available_at, id ROWS UNBOUNDED PRECEDING)
-    ORDER BY turn, available_at, id
-    LIMIT $2
-  ) AS sized
-  WHERE n = 1 OR running <= $7::bigint
-)
+    `WITH ${cte === "" ? "" : `${cte}, `}${pickedCtes(m, oneQueue, { queues: 1, limit: 2, unordered: 6, maxBytes: 7, keep: 8, shares: 9 })}
 UPDATE ${m} AS t
 SET acquired_token = $3::uuid,
     acquired_at = now(),
@@ -140,4 +95,102 @@ RETURNING ${LEASED_COLUMNS}`,
       p.shares ?? p.queues.map(() => p.limit),
     ],
   );
+}
+
+/** What a transaction-held lease reads: its rows, as a token lease would have counted them. */
+export type HeldByTransactionRow = LeasedRow & {
+  /** The row's lease token, when an expired lease still names it (else null): its writes are fenced by it. */
+  lease_token: string | null;
+  /** The leasing transaction, for the batch's guard row. */
+  xid: string;
+};
+
+/**
+ * The lease of a transaction-held batch (leaseMode "transaction"): the same rows `fetchStatement` would
+ * lease, locked FOR UPDATE by the caller's open transaction instead of written. The lock is the lease:
+ * other workers' fetches skip the rows until that transaction ends, and a crash or a lost connection ends
+ * it (the server rolls it back). `deliveries_count` reads as the token lease would have written it (+1);
+ * the count is written only with a retry or a dead-letter move, or by the guard's repair after a crash.
+ */
+export function heldByTransactionStatement(
+  names: OutboxNames,
+  oneQueue = false,
+): Query<Omit<LeaseParams, "token" | "leaseTtlMs" | "workerId">, HeldByTransactionRow> {
+  const m = names.messages;
+  return defineQuery(
+    "lease_in_transaction",
+    `WITH ${pickedCtes(m, oneQueue, { queues: 1, limit: 2, unordered: 3, maxBytes: 4, keep: 5, shares: 6 })}
+SELECT ${LEASED_COLUMNS.replace("t.deliveries_count,", "LEAST(t.deliveries_count, 2147483646) + 1 AS deliveries_count,")},
+       t.acquired_token::text AS lease_token, pg_current_xact_id()::text AS xid
+FROM ${m} AS t
+WHERE t.id = ANY (ARRAY(SELECT id FROM picked))
+ORDER BY t.id`,
+    // Rows a scan locked but the cut left out (the byte budget, a queue's share) stay locked until the
+    // batch ends: skipped by other workers meanwhile, and leased by a later fetch; never lost.
+    (p) => [
+      p.queues,
+      p.limit,
+      p.unorderedQueues ?? [],
+      p.maxBytes ?? Number.MAX_SAFE_INTEGER,
+      p.keep ?? [],
+      p.shares ?? p.queues.map(() => p.limit),
+    ],
+  );
+}
+
+/** Where each of the ready-branch's inputs is among the statement's parameters. */
+interface PickParams {
+  queues: number;
+  limit: number;
+  unordered: number;
+  maxBytes: number;
+  keep: number;
+  shares: number;
+}
+
+/** The CTEs `due`, `behind` and `picked` (the ids to lease, locked FOR UPDATE SKIP LOCKED). */
+function pickedCtes(m: string, oneQueue: boolean, $: PickParams): string {
+  const turn = oneQueue
+    ? "0"
+    : "(row_number() OVER (PARTITION BY queue ORDER BY available_at, id))::float8 / share";
+  // A row a fetch may lease: unleased, or its lease ran out. Checked on the heap: no index holds the lease
+  // columns, so a lease is a HOT update (migration 0021). Our own deliveries still running (the event loop
+  // was blocked past their lease) are never taken: never a second run.
+  const due = `(acquired_token IS NULL OR (lease_expires_at <= now() AND acquired_token <> ALL ($${$.keep}::uuid[])))`;
+  return `due AS (
+  SELECT c.id, c.available_at, c.bytes, q.queue, q.share FROM unnest($${$.queues}::text[], $${$.shares}::int[]) AS q(queue, share)
+  CROSS JOIN LATERAL (
+    SELECT id, available_at, pg_column_size(payload) AS bytes FROM ${m}
+    WHERE queue = q.queue AND head AND available_at <= now() AND ${due}
+    ORDER BY available_at, id
+    -- Its share, not the whole limit: every row a scan takes is read and locked, picked or not.
+    LIMIT q.share
+    FOR UPDATE SKIP LOCKED
+  ) AS c
+), behind AS (
+  SELECT c.id, c.available_at, c.bytes, q.queue, q.share FROM unnest($${$.queues}::text[], $${$.shares}::int[]) AS q(queue, share)
+  CROSS JOIN LATERAL (
+    SELECT id, available_at, pg_column_size(payload) AS bytes FROM ${m}
+    WHERE queue = q.queue AND NOT head AND available_at <= now() AND ${due}
+    ORDER BY available_at, id
+    LIMIT q.share
+    FOR UPDATE SKIP LOCKED
+  ) AS c
+  WHERE q.queue = ANY ($${$.unordered}::text[])
+), picked AS (
+  SELECT id FROM (
+    SELECT id, row_number() OVER w AS n, sum(bytes) OVER w AS running
+    FROM (
+      -- A queue's k-th row (oldest first) takes turn k / share: where the shares sum past the limit, the
+      -- cut takes the same fraction of each queue's rows, not the oldest of all (one queue's old backlog
+      -- would starve the others). With one queue this is oldest first.
+      SELECT id, available_at, bytes, ${turn} AS turn
+      FROM (SELECT * FROM due UNION ALL SELECT * FROM behind) AS r
+    ) AS candidates
+    WINDOW w AS (ORDER BY turn, available_at, id ROWS UNBOUNDED PRECEDING)
+    ORDER BY turn, available_at, id
+    LIMIT $${$.limit}
+  ) AS sized
+  WHERE n = 1 OR running <= $${$.maxBytes}::bigint
+)`;
 }

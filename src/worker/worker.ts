@@ -1,6 +1,7 @@
 import pg from "pg";
 import pino, { type Logger } from "pino";
 import { OutboxError } from "../contract/errors.js";
+import { createBatchLeaser } from "../lease/pg-batch.js";
 import { createPgLeaseStore } from "../lease/pg-store.js";
 import { createNotifier, type Notifier } from "../notify/notifier.js";
 import { runQuery } from "../sql/executor.js";
@@ -8,9 +9,11 @@ import { outboxNames } from "../sql/names.js";
 import { serverStartedStatement } from "../sql/probes.js";
 import { redactConnectionString, registerUrlSecrets } from "../util/redact.js";
 import { applySubscriptions } from "./apply-subscriptions.js";
+import { createBatchEngine } from "./batch-engine.js";
 import { createEngine, type StopResult, within } from "./engine.js";
 import { EventLoopWatch } from "./event-loop-watch.js";
 import { WorkerEmitter, type WorkerEventName, type WorkerEvents } from "./events.js";
+import { GuardRepair } from "./guard-repair.js";
 import { createPgInbox } from "./inbox.js";
 import { createInboxRetention } from "./inbox-retention.js";
 import { KeyHeadRepair } from "./key-head-repair.js";
@@ -88,6 +91,9 @@ export function createWorker(input: WorkerOptions): Worker {
     void stop({ timeoutMs: Math.min(options.stopTimeoutMs, 5000) });
   }
 
+  const announceFailures = new Map(
+    [...options.queues.values()].flatMap((q) => (q.announceFailures ? [[q.name, q.announceFailures]] : [])),
+  );
   const store = createPgLeaseStore({
     pool: () => {
       if (!pool) throw new OutboxError("worker is not started");
@@ -96,9 +102,7 @@ export function createWorker(input: WorkerOptions): Worker {
     names,
     queues: queueNames,
     unorderedQueues: unorderedQueueNames,
-    announceFailures: new Map(
-      [...options.queues.values()].flatMap((q) => (q.announceFailures ? [[q.name, q.announceFailures]] : [])),
-    ),
+    announceFailures,
     workerId: options.workerId,
     leaseTtlMs: options.leaseTtlMs,
     maxErrorLength: options.maxErrorLength,
@@ -111,12 +115,20 @@ export function createWorker(input: WorkerOptions): Worker {
         { heads },
         "key heads kept in place: a producer of their key has not committed yet; completing them shortly",
       ),
-    onPreparedLost: (error) =>
+    onPreparedLost: preparedLost,
+  });
+  // Named statements until a pooler shows it loses them: the token store and the batch leaser alike.
+  let named = options.preparedStatements;
+  function preparedLost(error: unknown): void {
+    if (named) {
       log.warn(
         { err: error },
         "named prepared statements are lost between statements: a transaction-mode pooler (PgBouncer) is in between; using unnamed statements from now on (set preparedStatements: false to start that way)",
-      ),
-  });
+      );
+    }
+    named = false;
+    store.useUnnamedStatements();
+  }
   const workerPool = () => {
     if (!pool) throw new OutboxError("worker is not started");
     return pool;
@@ -142,15 +154,50 @@ export function createWorker(input: WorkerOptions): Worker {
           queryTimeoutMs: options.queryTimeoutMs,
           log,
         });
-  const engine = createEngine({
-    options,
-    store,
-    log,
-    emitter,
-    ...(inbox ? { inbox } : {}),
-    health: new LoopHealth(log, emitter),
-    onFatal: fatal,
-  });
+  const health = new LoopHealth(log, emitter);
+  const engine =
+    options.leaseMode === "transaction"
+      ? createBatchEngine({
+          options,
+          leaser: createBatchLeaser({
+            pool: workerPool,
+            names,
+            queues: queueNames,
+            unorderedQueues: unorderedQueueNames,
+            workerId: options.workerId,
+            maxErrorLength: options.maxErrorLength,
+            synchronousCommit: options.synchronousCommit,
+            preparedStatements: () => named,
+            queryTimeoutMs: options.queryTimeoutMs,
+            // The server ends a batch's transaction idle past its longest handler (plus a write's margin): a
+            // worker cut off from it (a half-open socket) keeps nothing locked for longer.
+            idleTimeoutMs:
+              Math.max(...[...options.queues.values()].map((q) => q.timeoutMs)) + 2 * options.queryTimeoutMs,
+            announceFailures,
+            onPromoted: () => engine.wake(),
+            onPreparedLost: preparedLost,
+          }),
+          repair: new GuardRepair({
+            pool: workerPool,
+            names,
+            intervalMs: options.leaseTtlMs,
+            queryTimeoutMs: options.queryTimeoutMs,
+            log,
+          }),
+          log,
+          emitter,
+          health,
+          onFatal: fatal,
+        })
+      : createEngine({
+          options,
+          store,
+          log,
+          emitter,
+          ...(inbox ? { inbox } : {}),
+          health,
+          onFatal: fatal,
+        });
   let warnedPollOnly = false;
   const keyHeadRepair = new KeyHeadRepair({
     pool: () => {
@@ -314,7 +361,9 @@ export function createWorker(input: WorkerOptions): Worker {
         pooler: await pooler,
         listenerOnPoolAddress: notifier && listenAddress === poolAddress ? notifier.state : undefined,
       });
-      if (reason && store.useUnnamedStatements()) {
+      if (reason && named) {
+        named = false;
+        store.useUnnamedStatements();
         log.info(
           { reason },
           "a transaction-mode pooler (PgBouncer) may sit in front of Postgres: the worker's statements are unnamed from the start, since a named one prepared on one server connection is missing on the next",

@@ -1,0 +1,325 @@
+import { randomUUID } from "node:crypto";
+import type pg from "pg";
+import type { FailureAnnouncement } from "../contract/handler.js";
+import { UNLEASED_TOKEN } from "../sql/complete.js";
+import {
+  defineQuery,
+  isPreparedStatementLost,
+  plainArray,
+  run,
+  runQuery,
+  statement,
+} from "../sql/executor.js";
+import { type HeldByTransactionRow, heldByTransactionStatement, type LeasedRow } from "../sql/fetch.js";
+import type { OutboxNames } from "../sql/names.js";
+import { COMMIT, ROLLBACK_TO_SAVEPOINT, SAVEPOINT } from "../sql/transaction.js";
+import { createPgLeaseStore } from "./pg-store.js";
+import type { AckWrite, DeadWrite, Delivery, Landed, RetryWrite } from "./store.js";
+
+export interface BatchLeaseOptions {
+  pool: () => pg.Pool;
+  names: OutboxNames;
+  queues: readonly string[];
+  unorderedQueues: readonly string[];
+  workerId: string;
+  maxErrorLength: number;
+  synchronousCommit: boolean;
+  preparedStatements: () => boolean;
+  queryTimeoutMs: number;
+  /**
+   * How long the batch's transaction may sit idle before the server ends it (and so releases its rows): the
+   * longest handler timeout plus a margin. Bounds what a worker cut off from the server (a half-open socket,
+   * a frozen process) keeps locked.
+   */
+  idleTimeoutMs: number;
+  announceFailures?: ReadonlyMap<string, FailureAnnouncement>;
+  /** New key heads became visible at a batch's commit: they can be leased now. */
+  onPromoted?: (rows: number) => void;
+  onKeyBusy?: (heads: number) => void;
+  onPreparedLost?: (error: unknown) => void;
+}
+
+/** How each delivery of a batch ended; rows named in none were never started (nothing is written for them). */
+export interface BatchOutcomes {
+  acks: readonly AckWrite[];
+  retries: readonly RetryWrite[];
+  dead: readonly DeadWrite[];
+  /** Deliveries whose handler ran but ended with no outcome (the stop's timeout): counted, nothing else. */
+  ranWithout: readonly Delivery[];
+}
+
+/**
+ * Rows leased by the transaction that holds them (leaseMode "transaction"): locked FOR UPDATE on a
+ * connection of the batch's own, written nothing until their outcomes, which are written in that same
+ * transaction, and committed at once.
+ */
+export interface HeldBatch {
+  /** This batch, in this process: its deliveries carry it as their token. */
+  readonly id: string;
+  /** Its guard row (lease_guards.id). */
+  readonly guard: string;
+  readonly rows: readonly LeasedRow[];
+  /**
+   * Writes the outcomes and commits; the connection then goes back to the pool → the deliveries left
+   * unwritten (a producer held their key past BUSY_GIVE_UP_MS: delivered again). Throws: nothing landed.
+   */
+  commit(outcomes: BatchOutcomes): Promise<readonly Delivery[]>;
+  /** Ends the transaction without a write: its rows are due again at once. Never throws. */
+  rollback(error?: Error): Promise<void>;
+}
+
+/**
+ * How long the outcomes of a batch try keys a producer holds (busy) before the batch commits without them:
+ * those rows stay as they are, and are delivered again. A producer holding a key's lock for this long would
+ * otherwise keep the batch's other rows, and the key locks its acks took, from committing.
+ */
+const BUSY_GIVE_UP_MS = 5_000;
+
+/** Deliveries of a batch's rows, fenced by the token their row carries (an expired lease's, or none). */
+export function fenced<W extends { held: Delivery }>(w: W, leaseToken: string | null): W {
+  return { ...w, held: { ...w.held, token: leaseToken ?? UNLEASED_TOKEN } };
+}
+
+export interface BatchLeaser {
+  /** Leases up to `limit` rows in a new transaction → the batch, or undefined (none due; nothing held). */
+  lease(limit: number, maxBytes?: number): Promise<HeldBatch | undefined>;
+}
+
+export function createBatchLeaser(options: BatchLeaseOptions): BatchLeaser {
+  const { names, queryTimeoutMs: timeoutMs } = options;
+  const select = heldByTransactionStatement(names, options.queues.length === 1);
+  const guards = `${names.quotedSchema}.lease_guards`;
+  const insertGuard = defineQuery<{ ids: string; xid: string }, { id: string }>(
+    "lease_guard",
+    `INSERT INTO ${guards} (ids, xid, worker) VALUES ($1::bigint[], $2::xid8, $3) RETURNING id::text AS id`,
+    (p) => [p.ids, p.xid, options.workerId],
+  );
+  const deleteGuard = defineQuery<{ id: string }, never>(
+    "lease_guard_delete",
+    `DELETE FROM ${guards} WHERE id = $1::bigint`,
+    (p) => [p.id],
+  );
+  const countDelivery = defineQuery<{ ids: string }, never>(
+    "lease_count_delivery",
+    `UPDATE ${names.messages} SET deliveries_count = LEAST(deliveries_count, 2147483646) + 1
+WHERE id = ANY ($1::bigint[])`,
+    (p) => [p.ids],
+  );
+  // One round trip: the transaction, its bound on idling, and its commit's WAL wait.
+  const begin = statement(
+    "lease_batch_begin",
+    `BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL idle_in_transaction_session_timeout = ${Math.ceil(options.idleTimeoutMs)}${
+      options.synchronousCommit ? "" : "; SET LOCAL synchronous_commit = off"
+    }`,
+  );
+  const opts = () => ({ prepared: options.preparedStatements(), timeoutMs });
+
+  return {
+    async lease(limit, maxBytes) {
+      const client = await options.pool().connect();
+      let rows: HeldByTransactionRow[];
+      try {
+        // Several statements in one string: the simple protocol, never named.
+        await run(client, begin, [], { timeoutMs });
+        rows = await runQuery(
+          client,
+          select,
+          {
+            queues: options.queues,
+            unorderedQueues: options.unorderedQueues,
+            limit,
+            ...(maxBytes === undefined ? {} : { maxBytes }),
+          },
+          opts(),
+        );
+      } catch (error) {
+        client.release(asError(error));
+        noticeLost(error);
+        throw error;
+      }
+      if (rows.length === 0) {
+        await end(client, COMMIT);
+        return undefined;
+      }
+      const first = rows[0] as HeldByTransactionRow;
+      let guard: string;
+      try {
+        // The crash-loop guard, committed before any handler runs: a crash from here on leaves it behind,
+        // and the repair counts the delivery it names (src/worker/guard-repair.ts).
+        const [inserted] = await runQuery(
+          options.pool(),
+          insertGuard,
+          { ids: plainArray(rows.map((r) => r.id)), xid: first.xid },
+          opts(),
+        );
+        guard = (inserted as { id: string }).id;
+      } catch (error) {
+        client.release(asError(error));
+        noticeLost(error);
+        throw error;
+      }
+      const tokens = new Map(rows.map((r) => [r.id, r.lease_token]));
+      let ended = false;
+      return {
+        id: randomUUID(),
+        guard,
+        rows,
+        async commit(outcomes) {
+          if (ended) throw new Error("batch already ended");
+          ended = true;
+          let written: Written;
+          try {
+            written = await writeOutcomes(client, outcomes, tokens);
+            await runQuery(client, deleteGuard, { id: guard }, opts());
+            await run(client, COMMIT, [], { timeoutMs });
+          } catch (error) {
+            // Destroyed, not returned: the server rolls back, the rows are due again, the guard counts them.
+            client.release(asError(error));
+            throw error;
+          }
+          client.release();
+          // New heads are visible now, not before: a wake-up sent earlier would find nothing.
+          if (written.promoted > 0) options.onPromoted?.(written.promoted);
+          return written.busy;
+        },
+        async rollback(error) {
+          if (ended) return;
+          ended = true;
+          client.release(error ?? new Error("batch rolled back"));
+        },
+      };
+    },
+  };
+
+  async function writeOutcomes(
+    client: pg.PoolClient,
+    outcomes: BatchOutcomes,
+    tokens: ReadonlyMap<string, string | null>,
+  ): Promise<Written> {
+    let promoted = 0;
+    const busy: Delivery[] = [];
+    const store = createPgLeaseStore({
+      pool: options.pool,
+      within: client,
+      names,
+      queues: options.queues,
+      unorderedQueues: options.unorderedQueues,
+      workerId: options.workerId,
+      leaseTtlMs: 0,
+      maxErrorLength: options.maxErrorLength,
+      synchronousCommit: true,
+      preparedStatements: options.preparedStatements(),
+      queryTimeoutMs: timeoutMs,
+      ...(options.announceFailures ? { announceFailures: options.announceFailures } : {}),
+      onPromoted: (n) => {
+        promoted += n;
+      },
+      ...(options.onKeyBusy ? { onKeyBusy: options.onKeyBusy } : {}),
+      ...(options.onPreparedLost ? { onPreparedLost: options.onPreparedLost } : {}),
+    });
+    const token = (d: Delivery) => tokens.get(d.id) ?? null;
+    // A retry, a dead-letter move or a delivery that ran without an outcome counts the delivery, as the token
+    // lease counted it when it leased the row (an ack deletes the row: nothing to count).
+    const counted = [
+      ...outcomes.retries.map((w) => w.held.id),
+      ...outcomes.dead.map((w) => w.held.id),
+      ...outcomes.ranWithout.map((d) => d.id),
+    ];
+    if (counted.length > 0) await runQuery(client, countDelivery, { ids: plainArray(counted) }, opts());
+    const deadline = Date.now() + BUSY_GIVE_UP_MS;
+    // Keyed follow-ups may give up a lock wait (55P03), which would abort the whole batch: each such ack is
+    // tried inside a savepoint of its own, the rest together.
+    const keyedFollowUps = (w: AckWrite) => w.followUps?.some((f) => f.key !== null) ?? false;
+    await untilWritten(
+      outcomes.acks.filter((w) => !keyedFollowUps(w)).map((w) => fenced(w, token(w.held))),
+      (ws) => store.ack(ws),
+      deadline,
+      busy,
+    );
+    for (const w of outcomes.acks.filter(keyedFollowUps)) {
+      await untilWritten(
+        [fenced(w, token(w.held))],
+        async (ws) => {
+          await run(client, SAVEPOINT, [], { timeoutMs });
+          try {
+            const landed = await store.ack(ws);
+            if (landed.busy && ws.some((x) => landed.busy?.(x.held))) {
+              await run(client, ROLLBACK_TO_SAVEPOINT, [], { timeoutMs });
+            }
+            return landed;
+          } catch (error) {
+            await run(client, ROLLBACK_TO_SAVEPOINT, [], { timeoutMs });
+            if ((error as { code?: unknown }).code === "55P03") return busyAll;
+            throw error;
+          }
+        },
+        deadline,
+        busy,
+      );
+    }
+    await untilWritten(
+      outcomes.retries.map((w) => fenced(w, token(w.held))),
+      (ws) => store.retry(ws),
+      deadline,
+      busy,
+    );
+    await untilWritten(
+      outcomes.dead.map((w) => fenced(w, token(w.held))),
+      (ws) => store.deadLetter(ws),
+      deadline,
+      busy,
+    );
+    return { promoted, busy };
+  }
+
+  /** A transaction-mode pooler loses named statements between transactions: unnamed from now on. */
+  function noticeLost(error: unknown): void {
+    if (options.preparedStatements() && isPreparedStatementLost(error)) options.onPreparedLost?.(error);
+  }
+
+  async function end(client: pg.PoolClient, how: typeof COMMIT): Promise<void> {
+    try {
+      await run(client, how, [], { timeoutMs });
+      client.release();
+    } catch (error) {
+      client.release(asError(error));
+      throw error;
+    }
+  }
+}
+
+/** What a batch's writes did: new key heads, and deliveries left unwritten (their key stayed busy). */
+interface Written {
+  promoted: number;
+  busy: Delivery[];
+}
+
+const busyAll: Landed = { count: 0, has: () => false, busy: () => true };
+
+/**
+ * Writes `writes` until none is left busy (a producer of its key has not committed yet), or the deadline:
+ * what is still busy then stays as it is, and is delivered again once the batch commits.
+ */
+async function untilWritten<W extends { held: Delivery }>(
+  writes: readonly W[],
+  write: (ws: readonly W[]) => Promise<Landed>,
+  deadline: number,
+  left: Delivery[],
+): Promise<void> {
+  let pending = writes;
+  for (let attempt = 0; pending.length > 0; attempt++) {
+    const landed = await write(pending);
+    const busy = landed.busy;
+    if (!busy) return;
+    pending = pending.filter((w) => busy(w.held));
+    if (pending.length > 0 && Date.now() > deadline) {
+      left.push(...pending.map((w) => w.held));
+      return;
+    }
+    await new Promise((resolve) => setTimeout(resolve, Math.min(2 ** attempt, 50)));
+  }
+}
+
+function asError(error: unknown): Error {
+  return error instanceof Error ? error : new Error(String(error));
+}

@@ -1,0 +1,225 @@
+import type { Logger } from "pino";
+import type { Outcome } from "../complete/completer.js";
+import { OutboxError } from "../contract/errors.js";
+import { Dispatcher } from "../dispatch/dispatcher.js";
+import { LocalQueue } from "../dispatch/local-queue.js";
+import { Fetcher } from "../fetch/fetcher.js";
+import { type HeldRow, heldRows, lose, settle } from "../lease/held.js";
+import type { BatchLeaser, HeldBatch } from "../lease/pg-batch.js";
+import type { Delivery } from "../lease/store.js";
+import type { Engine, StopResult } from "./engine.js";
+import { within } from "./engine-stop.js";
+import type { WorkerEmitter } from "./events.js";
+import type { GuardRepair } from "./guard-repair.js";
+import type { LoopHealth } from "./loop-health.js";
+import type { ResolvedOptions } from "./options.js";
+import { dispatchReports, reportLanded } from "./reports.js";
+
+export interface BatchEngineDeps {
+  options: ResolvedOptions;
+  leaser: BatchLeaser;
+  repair: GuardRepair;
+  log: Logger;
+  emitter: WorkerEmitter;
+  health: LoopHealth;
+  onFatal(error: Error): void;
+}
+
+/**
+ * Batches held at once: while one batch's handlers finish and it commits, the next one's run. Each holds
+ * a pooled connection (idle in its transaction) until it commits.
+ */
+const MAX_BATCHES = 2;
+
+const SETTLED = { ack: "acked", retry: "retried", dead: "dead" } as const;
+
+/** One transaction-held batch in this process: its rows, and the outcomes decided so far. */
+interface Batch {
+  held: HeldBatch;
+  size: number;
+  /** Rows of the batch with no outcome yet (queued or running). */
+  open: number;
+  outcomes: Outcome[];
+  ranWithout: HeldRow[];
+  committing: Promise<void> | undefined;
+}
+
+/**
+ * The delivery engine of leaseMode "transaction": fetch → local queue → dispatch, as the token engine,
+ * but each fetch is a batch whose rows stay locked by the transaction that leased them, and whose outcomes
+ * are written in that transaction once every row has one (then one commit). No heartbeat (a lock needs no
+ * renewal) and no token lease written: a crash rolls the transaction back, and the guard row the batch
+ * committed beside it lets the repair count the delivery (GuardRepair).
+ */
+export function createBatchEngine(deps: BatchEngineDeps): Engine {
+  const { options, leaser, repair, log, emitter, health } = deps;
+  const capacity = MAX_BATCHES * Math.max(options.batchSize, options.concurrency);
+  const batches = new Map<string, Batch>();
+  let held = 0;
+  let stopping = false;
+  let commitFailures = 0;
+  /** Failed batches being counted: no fetch meanwhile, or their rows could come back uncounted. */
+  let repairing = 0;
+
+  const queue = new LocalQueue<HeldRow>(capacity);
+  const fetcher = new Fetcher<HeldRow>({
+    batchSize: options.batchSize,
+    minBatch: Math.min(options.batchSize, Math.max(options.concurrency, 10)),
+    minPollMs: options.minPollIntervalMs,
+    maxPollMs: options.maxPollIntervalMs,
+    backoffBaseMs: options.loopBackoffBaseMs,
+    backoffMaxMs: options.loopBackoffMaxMs,
+    maxConsecutiveFailures: options.maxConsecutiveFailures,
+    // One batch per fetch: none while MAX_BATCHES are held (a commit frees one and fetches again).
+    free: () => (batches.size >= MAX_BATCHES || repairing > 0 ? 0 : queue.free),
+    lease: async (limit) => {
+      if (stopping) return { rows: [] };
+      const batch = await leaser.lease(limit, options.maxHeldBytes);
+      health.recovered("fetch");
+      if (!batch) return { rows: [] };
+      // A stop that began while the batch was leased: nothing of it started, so end it unwritten.
+      if (stopping) {
+        await batch.rollback();
+        return { rows: [] };
+      }
+      const rows = heldRows(batch.id, batch.rows);
+      batches.set(batch.id, {
+        held: batch,
+        size: rows.length,
+        open: rows.length,
+        outcomes: [],
+        ranWithout: [],
+        committing: undefined,
+      });
+      return { rows };
+    },
+    deliver: (rows) => {
+      held += rows.length;
+      queue.push(rows);
+      emitter.emit("fetched", { count: rows.length });
+    },
+    onError: (error, n) => health.failed("fetch", error, n),
+    onFatal: deps.onFatal,
+  });
+
+  const dispatcher = new Dispatcher({
+    queue,
+    concurrency: options.concurrency,
+    queues: options.queues,
+    maxDeliveries: options.maxDeliveries,
+    retry: options.retry,
+    maxErrorLength: options.maxErrorLength,
+    submit: (o) => decided(o.held, o),
+    ...dispatchReports(deps),
+  });
+
+  /** A row of a batch has its outcome (or, with none, ended without one): the last one commits the batch. */
+  function decided(h: HeldRow, outcome: Outcome | "ran" | "unstarted"): void {
+    const batch = batches.get(h.token);
+    if (!batch) return;
+    if (outcome === "ran") batch.ranWithout.push(h);
+    else if (outcome !== "unstarted") batch.outcomes.push(outcome);
+    batch.open--;
+    if (batch.open === 0) batch.committing = commit(h.token, batch);
+  }
+
+  async function commit(id: string, batch: Batch): Promise<void> {
+    const writes = (kind: Outcome["kind"]) => batch.outcomes.filter((o) => o.kind === kind);
+    try {
+      const left = await batch.held.commit({
+        acks: writes("ack") as Extract<Outcome, { kind: "ack" }>[],
+        retries: writes("retry") as Extract<Outcome, { kind: "retry" }>[],
+        dead: writes("dead") as Extract<Outcome, { kind: "dead" }>[],
+        ranWithout: batch.ranWithout,
+      });
+      commitFailures = 0;
+      health.recovered("complete");
+      const unwritten = new Set(left.map((d: Delivery) => d.id));
+      for (const o of batch.outcomes) {
+        if (unwritten.has(o.held.id)) {
+          lost(o.held, "ack");
+          continue;
+        }
+        settle(o.held, SETTLED[o.kind]);
+        reportLanded(deps, o);
+      }
+    } catch (error) {
+      const err = error instanceof Error ? error : new Error(String(error));
+      commitFailures++;
+      log.warn(
+        { err, rows: batch.outcomes.length },
+        "a transaction-held batch could not commit: its messages are delivered again",
+      );
+      for (const o of batch.outcomes) lost(o.held, "ack");
+      health.failed("complete", err, commitFailures);
+      // Counted before its rows can come back to this worker: a crash loop must reach maxDeliveries.
+      repairing++;
+      await repair.after(batch.held.guard, options.queryTimeoutMs).finally(() => repairing--);
+      if (commitFailures >= options.maxConsecutiveFailures) deps.onFatal(err);
+    } finally {
+      batches.delete(id);
+      held -= batch.size;
+      if (!stopping) fetcher.slotsFreed();
+    }
+  }
+
+  function lost(h: HeldRow, phase: "ack"): void {
+    if (!lose(h, new OutboxError("the batch's transaction ended without its outcomes: delivered again")))
+      return;
+    const { id, queue: q, deliveries_count: deliveries } = h.row;
+    emitter.emit("lease_lost", { id, queue: q, deliveries, phase });
+  }
+
+  return {
+    startDispatching() {
+      dispatcher.start();
+    },
+    startFetching() {
+      // A crash loop's restart counts its crash before the row is leased again.
+      void repair.runOnce().finally(() => {
+        repair.start();
+        fetcher.start();
+      });
+    },
+    wake: () => fetcher.trigger(),
+    setWakeUps: (on) => fetcher.setWakeUps(on),
+    async shutdown(timeoutMs, alongside): Promise<StopResult> {
+      stopping = true;
+      const deadline = Date.now() + timeoutMs;
+      const left = () => Math.max(0, deadline - Date.now());
+      const writeGrace = () => Math.max(1000, left());
+      await within(Promise.all([fetcher.stop(), alongside]), writeGrace());
+      // Unstarted rows need no write: the commit leaves them as they were, due at once.
+      const handedBack = queue.drain();
+      queue.close();
+      for (const h of handedBack) {
+        settle(h, "released");
+        decided(h, "unstarted");
+      }
+      let abandoned: string[] = [];
+      const finished = await within(dispatcher.done(), left());
+      if (!finished) {
+        const rows = dispatcher.abandon(new OutboxError("worker stop timeout"));
+        for (const h of rows) decided(h, "ran");
+        abandoned = rows.map((h) => h.row.id);
+        log.warn(
+          { abandoned },
+          "stop timeout: handlers aborted, their messages are due again once their batch commits",
+        );
+        emitter.emit("drain_timeout", { abandoned });
+      }
+      const committed = await within(
+        Promise.all([...batches.values()].map((b) => b.committing)),
+        writeGrace(),
+      );
+      for (const b of batches.values())
+        if (!b.committing) await b.held.rollback(new OutboxError("worker stop"));
+      await repair.stop();
+      return { drained: finished && committed && batches.size === 0, released: handedBack.length, abandoned };
+    },
+    get held() {
+      return held;
+    },
+    reclaimStale: () => (stopping ? Promise.resolve(0) : repair.runOnce()),
+  };
+}

@@ -1,0 +1,208 @@
+import { beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { OutboxConfigError } from "../../src/contract/errors.js";
+import { PermanentError } from "../../src/index.js";
+import { createWorker } from "../../src/worker/worker.js";
+import { testDatabase } from "../support/database.js";
+import { publisherFor, until, workerFactory } from "../support/worker.js";
+
+/**
+ * leaseMode "transaction": a batch's rows are locked by the transaction that leased them, nothing is written
+ * on them until their outcomes, and a guard row per batch lets a crash be counted (DESIGN §2, issue 30).
+ */
+
+const db = testDatabase("txlease");
+const workers = workerFactory(db);
+const outbox = publisherFor(db.schema);
+const m = db.names.messages;
+const guards = `${db.names.quotedSchema}.lease_guards`;
+
+beforeAll(() => db.migrate());
+beforeEach(async () => {
+  await db.pool.query(`TRUNCATE ${m}, ${db.names.deadLetters}, ${guards}`);
+});
+
+async function publish(queue: string, n: number, key?: (i: number) => string): Promise<string[]> {
+  return db.inTransaction((c) =>
+    outbox.publishMany(
+      c,
+      queue,
+      Array.from({ length: n }, (_, i) => ({ payload: { i }, ...(key ? { key: key(i) } : {}) })),
+    ),
+  );
+}
+
+const scalar = async (sql: string, params: unknown[] = []) =>
+  (await db.pool.query(sql, params)).rows[0]?.n as number;
+
+/** A promise the test resolves when it chooses. */
+function gate() {
+  let open!: () => void;
+  const opened = new Promise<void>((resolve) => {
+    open = resolve;
+  });
+  return { open, opened };
+}
+
+const mode = { leaseMode: "transaction" } as const;
+
+describe("leaseMode transaction", () => {
+  it("delivers every row once and deletes it, writing no lease on the row and leaving no guard", async () => {
+    const ids = await publish("q", 300);
+    const seen: string[] = [];
+    const leasedWhileRunning: number[] = [];
+    await workers.start({
+      ...mode,
+      concurrency: 4,
+      queues: {
+        q: async (_p, msg) => {
+          if (seen.length % 50 === 0) {
+            // No token, no expiry: the row is held by its batch's row lock alone.
+            leasedWhileRunning.push(
+              await scalar(`SELECT count(*)::int AS n FROM ${m} WHERE acquired_token IS NOT NULL`),
+            );
+          }
+          seen.push(msg.id);
+        },
+      },
+    });
+    await until(async () => (await scalar(`SELECT count(*)::int AS n FROM ${m}`)) === 0, "every row acked");
+    expect(new Set(seen)).toEqual(new Set(ids));
+    expect(seen).toHaveLength(ids.length);
+    expect(leasedWhileRunning.every((n) => n === 0)).toBe(true);
+    await until(
+      async () => (await scalar(`SELECT count(*)::int AS n FROM ${guards}`)) === 0,
+      "no guard left",
+    );
+  });
+
+  it("a row in a running batch is skipped by other workers (token or transaction mode), and counted as delivered once", async () => {
+    const [id] = await publish("q", 1);
+    const release = gate();
+    const started = gate();
+    const deliveries: number[] = [];
+    // One fetch at start, the next a minute later: the newer rows below are left to the other workers.
+    await workers.start({
+      ...mode,
+      listen: false,
+      minPollIntervalMs: 60_000,
+      maxPollIntervalMs: 60_000,
+      queues: {
+        q: async (_p, msg) => {
+          deliveries.push(msg.deliveries);
+          started.open();
+          await release.opened;
+        },
+      },
+    });
+    await started.opened;
+    // The guard names the row while its batch runs.
+    expect(await scalar(`SELECT count(*)::int AS n FROM ${guards} WHERE $1::bigint = ANY (ids)`, [id])).toBe(
+      1,
+    );
+    // Two more rows, newer than the locked one: each competitor's fetch takes the oldest ready row first,
+    // so by the time both are handled, every competitor has stepped over the locked row at least once.
+    const newer = await publish("q", 2);
+    const others: string[] = [];
+    await workers.start({ queues: { q: (_p, msg) => void others.push(msg.id) } });
+    await workers.start({ ...mode, queues: { q: (_p, msg) => void others.push(msg.id) } });
+    await until(() => others.length >= 2, "the newer rows handled by the other workers");
+    expect(new Set(others)).toEqual(new Set(newer));
+    release.open();
+    await until(async () => (await scalar(`SELECT count(*)::int AS n FROM ${m}`)) === 0, "the row acked");
+    expect(deliveries).toEqual([1]);
+    expect(others).not.toContain(id);
+  });
+
+  it("a failure is retried with the delivery and attempt counted, then dead-lettered with its reason", async () => {
+    const [id] = await publish("q", 1);
+    const seen: { deliveries: number; attempts: number }[] = [];
+    await workers.start({
+      ...mode,
+      maxAttempts: 3,
+      retry: () => 1,
+      queues: {
+        q: async (_p, msg) => {
+          seen.push({ deliveries: msg.deliveries, attempts: msg.attempts });
+          throw new Error(`boom ${seen.length}`);
+        },
+      },
+    });
+    await until(
+      async () => (await scalar(`SELECT count(*)::int AS n FROM ${db.names.deadLetters}`)) === 1,
+      "dead-lettered",
+    );
+    expect(seen).toEqual([
+      { deliveries: 1, attempts: 0 },
+      { deliveries: 2, attempts: 1 },
+      { deliveries: 3, attempts: 2 },
+    ]);
+    const dead = (await db.pool.query(`SELECT * FROM ${db.names.deadLetters} WHERE id = $1`, [id])).rows[0];
+    expect(dead.reason).toBe("retries_exhausted");
+    expect(dead.error).toContain("boom 3");
+    expect(dead.deliveries_count).toBe(3);
+  });
+
+  it("a permanent error goes straight to the dead letters", async () => {
+    await publish("q", 2);
+    await workers.start({
+      ...mode,
+      queues: {
+        q: async () => {
+          throw new PermanentError("no");
+        },
+      },
+    });
+    await until(
+      async () => (await scalar(`SELECT count(*)::int AS n FROM ${db.names.deadLetters}`)) === 2,
+      "both dead-lettered",
+    );
+    expect(await scalar(`SELECT count(*)::int AS n FROM ${m}`)).toBe(0);
+  });
+
+  it("a batch whose connection dies mid-handler is rolled back, counted by the guard's repair, and delivered again", async () => {
+    const [id] = await publish("q", 1);
+    const killed = gate();
+    const deliveries: number[] = [];
+    await workers.start({
+      ...mode,
+      leaseTtlMs: 2000,
+      queues: {
+        q: async (_p, msg) => {
+          deliveries.push(msg.deliveries);
+          if (deliveries.length === 1) {
+            // The batch's own transaction: the one backend of this database holding a row lock on it.
+            await db.pool.query(
+              `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+               WHERE datname = current_database() AND state = 'idle in transaction' AND backend_xid IS NOT NULL`,
+            );
+            killed.open();
+          }
+        },
+      },
+    });
+    await killed.opened;
+    await until(
+      async () => (await scalar(`SELECT count(*)::int AS n FROM ${m}`)) === 0,
+      "delivered again",
+      60_000,
+    );
+    // The crashed delivery was counted before the second one began: 1, then 2 (not 1 twice).
+    expect(deliveries).toEqual([1, 2]);
+    expect(id).toBeDefined();
+    expect(await scalar(`SELECT count(*)::int AS n FROM ${guards}`)).toBe(0);
+  });
+
+  it("refuses queues whose handler runs in its own transaction or keeps an inbox", () => {
+    for (const field of ["transaction", "inbox"] as const) {
+      expect(() =>
+        createWorker({
+          connection: db.url,
+          schema: db.schema,
+          logger: false,
+          ...mode,
+          queues: { q: { handler: () => {}, [field]: true } },
+        }),
+      ).toThrow(OutboxConfigError);
+    }
+  });
+});
