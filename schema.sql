@@ -40,6 +40,15 @@ CREATE TABLE outbox.inbox (
 ALTER TABLE outbox.inbox ADD CONSTRAINT inbox_pkey PRIMARY KEY (consumer, dedupe_key);
 CREATE INDEX inbox_handled_at_idx ON outbox.inbox USING btree (handled_at);
 
+CREATE TABLE outbox.lease_guards (
+  id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+  ids bigint[] NOT NULL,
+  xid xid8 NOT NULL,
+  worker text NOT NULL,
+  created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+ALTER TABLE outbox.lease_guards ADD CONSTRAINT lease_guards_pkey PRIMARY KEY (id);
+
 CREATE TABLE outbox.messages (
   id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
   queue text NOT NULL,
@@ -177,7 +186,7 @@ BEGIN
   ), gone AS (
     DELETE FROM outbox.messages AS t USING tried AS k
     -- A head whose lock a producer holds stays (busy below).
-    WHERE t.id = k.id AND t.acquired_token = k.token AND (t.key IS NULL OR NOT t.head OR k.locked)
+    WHERE t.id = k.id AND COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid) = k.token AND (t.key IS NULL OR NOT t.head OR k.locked)
     RETURNING t.id, k.token, t.queue, t.key, t.head
   )
   -- Not yet as text: the deliveries written are named only when some were not.
@@ -196,11 +205,11 @@ BEGIN
                         NULL::timestamptz, NULL::timestamptz, NULL::boolean
                  FROM unnest(written, written_tokens) AS w(id, token);
     -- This statement sees the deletions above: what is still ours and heads a key was busy.
-    RETURN QUERY SELECT 'busy', t.id::text || '/' || t.acquired_token::text, NULL::text, NULL::text, NULL::text,
+    RETURN QUERY SELECT 'busy', t.id::text || '/' || COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid)::text, NULL::text, NULL::text, NULL::text,
                         NULL::jsonb, NULL::text, NULL::float8, NULL::int, NULL::int, NULL::int,
                         NULL::timestamptz, NULL::timestamptz, NULL::boolean
                  FROM unnest(ids, tokens) AS b(id, token)
-                 JOIN outbox.messages AS t ON t.id = b.id AND t.acquired_token = b.token
+                 JOIN outbox.messages AS t ON t.id = b.id AND COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid) = b.token
                  WHERE t.key IS NOT NULL AND t.head;
   END IF;
   IF head_keys IS NOT NULL THEN
@@ -228,7 +237,7 @@ BEGIN
   END IF;
   WITH mine AS MATERIALIZED (
     SELECT t.id, d.token, t.queue, t.key, t.head
-    FROM unnest(ids, tokens) AS d(id, token) JOIN outbox.messages AS t ON t.id = d.id AND t.acquired_token = d.token
+    FROM unnest(ids, tokens) AS d(id, token) JOIN outbox.messages AS t ON t.id = d.id AND COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid) = d.token
   ), kept AS MATERIALIZED (
     -- The lock is tried on the deliveries' own rows only (materialised first): a filter on the table would
     -- run on every leased row the planner scans and hold the locks of other workers' keys until commit.
@@ -237,7 +246,7 @@ BEGIN
   ), gone AS (
     DELETE FROM outbox.messages AS t USING kept AS k
     -- A row promoted since `mine` read it (an unordered queue's) is a head without its lock: busy.
-    WHERE t.id = k.id AND t.acquired_token = k.token AND (t.key IS NULL OR NOT t.head OR k.locked)
+    WHERE t.id = k.id AND COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid) = k.token AND (t.key IS NULL OR NOT t.head OR k.locked)
     RETURNING t.id::text || '/' || k.token::text AS delivery, t.queue, t.key, t.head
   )
   SELECT count(*), array_agg(g.delivery),
@@ -254,11 +263,11 @@ BEGIN
                         NULL::boolean
                  FROM unnest(written) AS w;
     -- This statement sees the deletions above: what is still ours and heads a key was busy.
-    RETURN QUERY SELECT 'busy', t.id::text || '/' || t.acquired_token::text, NULL::text, NULL::text, NULL::text,
+    RETURN QUERY SELECT 'busy', t.id::text || '/' || COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid)::text, NULL::text, NULL::text, NULL::text,
                         NULL::jsonb, NULL::text, NULL::float8, NULL::int, NULL::int, NULL::int,
                         NULL::timestamptz, NULL::timestamptz, NULL::boolean
                  FROM unnest(ids, tokens) AS b(id, token)
-                 JOIN outbox.messages AS t ON t.id = b.id AND t.acquired_token = b.token
+                 JOIN outbox.messages AS t ON t.id = b.id AND COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid) = b.token
                  WHERE t.key IS NOT NULL AND t.head;
   END IF;
   IF head_keys IS NOT NULL THEN
@@ -346,7 +355,7 @@ BEGIN
     SELECT d.*, t.queue AS lock_queue, t.key AS lock_key, t.head AS lock_head
     FROM unnest(ids, tokens, reasons, errors, attempted_flags, failed_flags)
       AS d(id, token, reason, error, attempted, failed)
-    JOIN outbox.messages AS t ON t.id = d.id AND t.acquired_token = d.token
+    JOIN outbox.messages AS t ON t.id = d.id AND COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid) = d.token
   ), kept AS MATERIALIZED (
     -- Materialised: the lock is tried on the deliveries' own rows only, once each.
     SELECT k.*, k.lock_key IS NOT NULL AND k.lock_head AS locked FROM mine AS k
@@ -354,10 +363,10 @@ BEGIN
        OR pg_try_advisory_xact_lock(hashtext(k.lock_queue), hashtext(k.lock_key))
   ), gone AS (
     DELETE FROM outbox.messages AS t USING kept AS d
-    WHERE t.id = d.id AND t.acquired_token = d.token AND (t.key IS NULL OR NOT t.head OR d.locked)
+    WHERE t.id = d.id AND COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid) = d.token AND (t.key IS NULL OR NOT t.head OR d.locked)
     RETURNING t.id, t.queue, t.payload, t.headers, t.key, t.created_at, t.available_at, t.acquired_by,
               t.deliveries_count, t.attempts_count, t.failures_count, t.first_attempt_at, t.last_attempt_at,
-              t.last_error, t.head, t.id::text || '/' || t.acquired_token::text AS delivery,
+              t.last_error, t.head, t.id::text || '/' || COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid)::text AS delivery,
               d.reason, d.error,
               -- Counts of one delivery: whether a handler ran and failed, nothing more.
               least(greatest(d.attempted, 0), 1) AS attempted, least(greatest(d.failed, 0), 1) AS failed
@@ -385,9 +394,9 @@ BEGIN
   -- visible to this statement's snapshot, so they are excluded by id.
   SELECT CASE WHEN count(*) < cardinality(ids) THEN COALESCE(array_agg(g.delivery), '{}') END,
          CASE WHEN count(*) < cardinality(ids) THEN (
-           SELECT COALESCE(array_agg(t.id::text || '/' || t.acquired_token::text), '{}')
+           SELECT COALESCE(array_agg(t.id::text || '/' || COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid)::text), '{}')
            FROM unnest(ids, tokens) AS b(id, token)
-           JOIN outbox.messages AS t ON t.id = b.id AND t.acquired_token = b.token
+           JOIN outbox.messages AS t ON t.id = b.id AND COALESCE(t.acquired_token, '00000000-0000-0000-0000-000000000000'::uuid) = b.token
            WHERE t.key IS NOT NULL AND t.head AND t.id NOT IN (SELECT x.id FROM gone AS x)
          ) ELSE '{}' END,
          COALESCE(array_agg(g.queue) FILTER (WHERE g.key IS NOT NULL AND g.head), '{}'),

@@ -69,6 +69,16 @@ const all: System[] = [
     label: `pg-outbox-worker, ordered over ${fmt(KEYS)} keys`,
     run: drainOf("outbox", { keys: KEYS }),
   },
+  {
+    key: "outbox-tx",
+    label: 'pg-outbox-worker, leaseMode "transaction"',
+    run: drainOf("outbox", { tuning: { leaseTransaction: 1 } }),
+  },
+  {
+    key: "outbox-tx-keyed",
+    label: `pg-outbox-worker, leaseMode "transaction", ordered over ${fmt(KEYS)} keys`,
+    run: drainOf("outbox", { keys: KEYS, tuning: { leaseTransaction: 1 } }),
+  },
   { key: "graphile", label: "graphile-worker (batched)", run: drainOf("graphile") },
   { key: "pgboss", label: "pg-boss (batch fetch)", run: drainOf("pgboss") },
   {
@@ -205,6 +215,21 @@ function drainTables(): void {
     out.push(
       `Ordered ÷ keyless: ${(med("outbox-keyed", (r) => r.rate) / med("outbox", (r) => r.rate)).toFixed(2)}×${results.has("before-keyed") ? ` (before: ${(med("before-keyed", (r) => r.rate) / med("before", (r) => r.rate)).toFixed(2)}×)` : ""}.`,
     );
+  if (results.has("outbox-tx") && results.has("floor")) {
+    const ceiling = Math.max(
+      med("floor", (r) => r.rate),
+      results.has("floor2") ? med("floor2", (r) => r.rate) : 0,
+    );
+    const graphile = results.has("graphile")
+      ? `; ÷ graphile-worker ${(med("outbox-tx", (r) => r.rate) / med("graphile", (r) => r.rate)).toFixed(2)}×`
+      : "";
+    const keyed = results.has("outbox-tx-keyed")
+      ? `; ordered ÷ keyless ${(med("outbox-tx-keyed", (r) => r.rate) / med("outbox-tx", (r) => r.rate)).toFixed(2)}×`
+      : "";
+    out.push(
+      `leaseMode "transaction": WAL ÷ floor ${(wal("outbox-tx") / wal("floor")).toFixed(2)}×; drain ÷ ceiling ${(med("outbox-tx", (r) => r.rate) / ceiling).toFixed(2)}×${graphile}${keyed}.`,
+    );
+  }
 }
 
 if (steadyMinutes > 0) {

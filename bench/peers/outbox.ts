@@ -100,6 +100,8 @@ export function outboxPeer(schema: string): Peer {
         synchronousCommit: tuning?.synchronousCommit === 1,
         // preparedStatements 0: every statement unnamed (planned at each execution), as behind PgBouncer.
         ...(tuning?.preparedStatements === 0 ? { preparedStatements: false } : {}),
+        // leaseTransaction 1: leaseMode "transaction" (rows held by the leasing transaction's locks).
+        ...(tuning?.leaseTransaction === 1 ? { leaseMode: "transaction" as const } : {}),
         // rawPayload 1: a `rawPayload: true` queue (what every relay is), the stored text unparsed; drain
         // only, whose onJob never reads the payload (latency reads orderId).
         queues: {

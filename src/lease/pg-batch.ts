@@ -117,6 +117,17 @@ WHERE id = ANY ($1::bigint[])`,
   return {
     async lease(limit, maxBytes) {
       const client = await options.pool().connect();
+      // Held for the batch's whole run, idle between statements: a server ending the session (a restart, a
+      // terminated backend, the idle timeout) errors the client then, not during a statement. pg-pool only
+      // listens while a client is idle in the pool; unheard, that error would crash the process. The next
+      // statement fails all the same, and the batch with it.
+      client.on("error", ignore);
+      const release = client.release.bind(client);
+      client.release = (error?: Error | boolean) => {
+        client.off("error", ignore);
+        client.release = release;
+        return release(error);
+      };
       let rows: HeldByTransactionRow[];
       try {
         // Several statements in one string: the simple protocol, never named.
@@ -227,8 +238,6 @@ WHERE id = ANY ($1::bigint[])`,
     ];
     if (counted.length > 0) await runQuery(client, countDelivery, { ids: plainArray(counted) }, opts());
     const deadline = Date.now() + BUSY_GIVE_UP_MS;
-    // Keyed follow-ups may give up a lock wait (55P03), which would abort the whole batch: each such ack is
-    // tried inside a savepoint of its own, the rest together.
     const keyedFollowUps = (w: AckWrite) => w.followUps?.some((f) => f.key !== null) ?? false;
     await untilWritten(
       outcomes.acks.filter((w) => !keyedFollowUps(w)).map((w) => fenced(w, token(w.held))),
@@ -236,27 +245,9 @@ WHERE id = ANY ($1::bigint[])`,
       deadline,
       busy,
     );
-    for (const w of outcomes.acks.filter(keyedFollowUps)) {
-      await untilWritten(
-        [fenced(w, token(w.held))],
-        async (ws) => {
-          await run(client, SAVEPOINT, [], { timeoutMs });
-          try {
-            const landed = await store.ack(ws);
-            if (landed.busy && ws.some((x) => landed.busy?.(x.held))) {
-              await run(client, ROLLBACK_TO_SAVEPOINT, [], { timeoutMs });
-            }
-            return landed;
-          } catch (error) {
-            await run(client, ROLLBACK_TO_SAVEPOINT, [], { timeoutMs });
-            if ((error as { code?: unknown }).code === "55P03") return busyAll;
-            throw error;
-          }
-        },
-        deadline,
-        busy,
-      );
-    }
+    const withKeys = outcomes.acks.filter(keyedFollowUps).map((w) => fenced(w, token(w.held)));
+    if (withKeys.length > 0)
+      await allOrNone(client, timeoutMs, withKeys, (ws) => store.ack(ws), deadline, busy);
     await untilWritten(
       outcomes.retries.map((w) => fenced(w, token(w.held))),
       (ws) => store.retry(ws),
@@ -297,6 +288,41 @@ interface Written {
 const busyAll: Landed = { count: 0, has: () => false, busy: () => true };
 
 /**
+ * The acks with keyed follow-ups, all in one try or none: a follow-up key's lock, once taken, is held until
+ * the batch commits, so two batches (of this worker or another) each holding a key the other's follow-ups
+ * need would wait on each other for good. A try that finds any key busy (or gives up a lock wait, 55P03,
+ * which would abort the whole batch) is rolled back to its savepoint, every lock it took with it, and
+ * tried again after a random pause, so contending batches do not retry in step.
+ */
+async function allOrNone(
+  client: pg.PoolClient,
+  timeoutMs: number,
+  writes: readonly AckWrite[],
+  write: (ws: readonly AckWrite[]) => Promise<Landed>,
+  deadline: number,
+  left: Delivery[],
+): Promise<void> {
+  const control = (s: typeof SAVEPOINT) => run(client, s, [], { timeoutMs });
+  for (let attempt = 0; ; attempt++) {
+    await control(SAVEPOINT);
+    let landed: Landed;
+    try {
+      landed = await write(writes);
+    } catch (error) {
+      if ((error as { code?: unknown }).code !== "55P03") throw error;
+      landed = busyAll;
+    }
+    if (!writes.some((w) => landed.busy?.(w.held))) return;
+    await control(ROLLBACK_TO_SAVEPOINT);
+    if (Date.now() > deadline) {
+      left.push(...writes.map((w) => w.held));
+      return;
+    }
+    await new Promise((resolve) => setTimeout(resolve, Math.random() * Math.min(2 ** attempt * 5, 200)));
+  }
+}
+
+/**
  * Writes `writes` until none is left busy (a producer of its key has not committed yet), or the deadline:
  * what is still busy then stays as it is, and is delivered again once the batch commits.
  */
@@ -319,6 +345,8 @@ async function untilWritten<W extends { held: Delivery }>(
     await new Promise((resolve) => setTimeout(resolve, Math.min(2 ** attempt, 50)));
   }
 }
+
+function ignore(): void {}
 
 function asError(error: unknown): Error {
   return error instanceof Error ? error : new Error(String(error));

@@ -140,8 +140,9 @@ export function createPgSession(options: PgSessionOptions): PgSession {
       runnerOn: (client) => (q, p) => runNoticing(client, q, p),
       transaction: (work) => work(runIn),
       control: (client, statement) => run(client, statement, [], { timeoutMs }),
-      // Sent at the owner's commit: a wake-up before it would find nothing new.
-      notify: (channel, queue) => run(within, NOTIFY, [channel, queue], { timeoutMs }),
+      // On the pool: a trailing wake-up may come after the owner's commit, when the connection is no longer
+      // its own (statements in the write itself notify at the commit).
+      notify: (channel, queue) => run(pool(), NOTIFY, [channel, queue], { timeoutMs }),
       connect: () => Promise.reject(new Error("a transaction-held batch opens no other connection")),
       useUnnamedStatements() {
         const was = prepared;

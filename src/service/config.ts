@@ -225,7 +225,7 @@ const TUNING_DESCRIPTIONS: Record<keyof typeof workerTuningShape, string> = {
   preparedStatements:
     "named prepared statements, unless a transaction-mode pooler (PgBouncer) is found at start; false: never",
   leaseMode:
-    '"token": each leased row carries a token and expiry, renewed while its handler runs; "transaction": a batch\'s rows are locked by the transaction that leased them and its outcomes committed together (less database work; for fast handlers and relays)',
+    "token (each row leased under a token, renewed) or transaction (a batch held by its transaction: less database work, for fast handlers)",
   queryTimeoutMs: "bound on each database round trip (default leaseTtlMs / 3, at most 10 s)",
   handlerTimeoutMs: "run time after which a handler is aborted and its attempt fails (timeout)",
   poolSize:
@@ -252,6 +252,7 @@ function tuningFieldType(schema: z.ZodType): FieldType {
   while (inner.def.innerType) inner = inner.def.innerType as typeof inner;
   if (inner instanceof z.ZodBoolean) return "boolean";
   if (inner instanceof z.ZodNumber) return inner.isInt ? "integer" : "number";
+  if (inner instanceof z.ZodEnum) return "enum";
   throw new OutboxError(`no environment type for a ${inner.def.type} tuning field`);
 }
 

@@ -56,11 +56,11 @@ SELECT (SELECT count(*) FROM counted)::int AS counted, (SELECT count(*) FROM gon
   );
 }
 
-/** → one row while the guard `id` is still there. */
-export function guardExistsStatement(names: OutboxNames): Query<{ id: string }, { id: string }> {
+/** → the guards among `ids` still there. */
+export function guardsLeftStatement(names: OutboxNames): Query<{ ids: string }, { id: string }> {
   return defineQuery(
-    "lease_guard_exists",
-    `SELECT id::text AS id FROM ${names.quotedSchema}.lease_guards WHERE id = $1::bigint`,
-    (p) => [p.id],
+    "lease_guards_left",
+    `SELECT id::text AS id FROM ${names.quotedSchema}.lease_guards WHERE id = ANY ($1::bigint[])`,
+    (p) => [p.ids],
   );
 }

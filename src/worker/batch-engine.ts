@@ -58,8 +58,13 @@ export function createBatchEngine(deps: BatchEngineDeps): Engine {
   let held = 0;
   let stopping = false;
   let commitFailures = 0;
-  /** Failed batches being counted: no fetch meanwhile, or their rows could come back uncounted. */
-  let repairing = 0;
+  /**
+   * Guards of this worker's batches that failed to commit and are not repaired yet: each fetch repairs them
+   * first, so their rows never come back to this worker uncounted (a crash loop must reach maxDeliveries).
+   * A guard stays while its transaction is still being rolled back (its rows are locked: no fetch takes
+   * them) or another worker holds its rows (that one delivers them; the count follows when they are free).
+   */
+  const unrepaired = new Set<string>();
 
   const queue = new LocalQueue<HeldRow>(capacity);
   const fetcher = new Fetcher<HeldRow>({
@@ -71,10 +76,16 @@ export function createBatchEngine(deps: BatchEngineDeps): Engine {
     backoffMaxMs: options.loopBackoffMaxMs,
     maxConsecutiveFailures: options.maxConsecutiveFailures,
     // One batch per fetch: none while MAX_BATCHES are held (a commit frees one and fetches again).
-    free: () => (batches.size >= MAX_BATCHES || repairing > 0 ? 0 : queue.free),
+    free: () => (batches.size >= MAX_BATCHES ? 0 : queue.free),
     lease: async (limit) => {
       if (stopping) return { rows: [] };
-      const batch = await leaser.lease(limit, options.maxHeldBytes);
+      if (unrepaired.size > 0) {
+        await repair.repairNow();
+        const left = await repair.left([...unrepaired]);
+        for (const id of unrepaired) if (!left.has(id)) unrepaired.delete(id);
+      }
+      // Each batch its share of the byte budget: MAX_BATCHES of them may be held at once.
+      const batch = await leaser.lease(limit, Math.floor(options.maxHeldBytes / MAX_BATCHES));
       health.recovered("fetch");
       if (!batch) return { rows: [] };
       // A stop that began while the batch was leased: nothing of it started, so end it unwritten.
@@ -152,9 +163,7 @@ export function createBatchEngine(deps: BatchEngineDeps): Engine {
       );
       for (const o of batch.outcomes) lost(o.held, "ack");
       health.failed("complete", err, commitFailures);
-      // Counted before its rows can come back to this worker: a crash loop must reach maxDeliveries.
-      repairing++;
-      await repair.after(batch.held.guard, options.queryTimeoutMs).finally(() => repairing--);
+      unrepaired.add(batch.held.guard);
       if (commitFailures >= options.maxConsecutiveFailures) deps.onFatal(err);
     } finally {
       batches.delete(id);

@@ -1,7 +1,7 @@
 import type pg from "pg";
 import type { Logger } from "pino";
-import { runQuery } from "../sql/executor.js";
-import { guardExistsStatement, repairGuardsStatement } from "../sql/lease-guards.js";
+import { plainArray, runQuery } from "../sql/executor.js";
+import { guardsLeftStatement, repairGuardsStatement } from "../sql/lease-guards.js";
 import type { OutboxNames } from "../sql/names.js";
 
 export interface GuardRepairOptions {
@@ -24,11 +24,11 @@ export class GuardRepair {
   #timer: NodeJS.Timeout | undefined;
   #running: Promise<number> | undefined;
   readonly #statement;
-  readonly #exists;
+  readonly #left;
 
   constructor(private readonly options: GuardRepairOptions) {
     this.#statement = repairGuardsStatement(options.names);
-    this.#exists = guardExistsStatement(options.names);
+    this.#left = guardsLeftStatement(options.names);
   }
 
   start(): void {
@@ -36,59 +36,50 @@ export class GuardRepair {
     this.#timer.unref();
   }
 
-  /** Counts the deliveries of every ended guard → how many were counted. Never throws. */
+  /** Counts the deliveries of every ended guard → how many were counted. Never throws (logged). */
   runOnce(): Promise<number> {
+    return this.repairNow().catch((error: unknown) => {
+      this.options.log.warn({ err: error }, "lease guard repair failed; trying again later");
+      return 0;
+    });
+  }
+
+  /** `runOnce` that throws when the database does (one repair at a time, shared by concurrent callers). */
+  repairNow(): Promise<number> {
     this.#running ??= this.#repair().finally(() => {
       this.#running = undefined;
     });
     return this.#running;
   }
 
-  /**
-   * Repairs until the guard `id` is gone (its batch's deliveries counted), or `timeoutMs`: a batch of this
-   * worker that failed to commit is counted before its rows can come back to it. The server may still be
-   * rolling it back when its commit fails (its status in progress), so this is a wait, not one repair.
-   */
-  async after(id: string, timeoutMs: number): Promise<void> {
-    const deadline = Date.now() + timeoutMs;
-    while (Date.now() < deadline) {
-      await this.runOnce();
-      try {
-        const left = await runQuery(
-          this.options.pool(),
-          this.#exists,
-          { id },
-          { timeoutMs: this.options.queryTimeoutMs },
-        );
-        if (left.length === 0) return;
-      } catch {
-        return;
-      }
-      await new Promise((resolve) => setTimeout(resolve, 20));
-    }
+  /** Which of the guards `ids` are still there (not yet repaired). Throws when the database does. */
+  async left(ids: readonly string[]): Promise<Set<string>> {
+    const rows = await runQuery(
+      this.options.pool(),
+      this.#left,
+      { ids: plainArray(ids) },
+      { timeoutMs: this.options.queryTimeoutMs },
+    );
+    return new Set(rows.map((r) => r.id));
   }
 
   async #repair(): Promise<number> {
     let counted = 0;
-    try {
-      for (;;) {
-        const [row] = await runQuery(
-          this.options.pool(),
-          this.#statement,
-          { limit: PER_STATEMENT },
-          { timeoutMs: this.options.queryTimeoutMs },
-        );
-        counted += row?.counted ?? 0;
-        if ((row?.cleared ?? 0) < PER_STATEMENT) break;
-      }
-      if (counted > 0) {
-        this.options.log.warn(
-          { counted },
-          "transaction-held batches ended without their outcomes (a crash or a lost connection): their deliveries are counted, and the messages delivered again",
-        );
-      }
-    } catch (error) {
-      this.options.log.warn({ err: error }, "lease guard repair failed; trying again later");
+    for (;;) {
+      const [row] = await runQuery(
+        this.options.pool(),
+        this.#statement,
+        { limit: PER_STATEMENT },
+        { timeoutMs: this.options.queryTimeoutMs },
+      );
+      counted += row?.counted ?? 0;
+      if ((row?.cleared ?? 0) < PER_STATEMENT) break;
+    }
+    if (counted > 0) {
+      this.options.log.warn(
+        { counted },
+        "transaction-held batches ended without their outcomes (a crash or a lost connection): their deliveries are counted, and the messages delivered again",
+      );
     }
     return counted;
   }

@@ -57,6 +57,7 @@ describe("migrate", () => {
       { version: 20, name: "0020_dedupe_keys_index" },
       { version: 21, name: "0021_hot_leases" },
       { version: 22, name: "0022_function_files" },
+      { version: 23, name: "0023_transaction_leases" },
     ]);
     const idx = await db.pool.query("SELECT indexname FROM pg_indexes WHERE schemaname = $1 ORDER BY 1", [
       db.schema,

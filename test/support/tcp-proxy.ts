@@ -13,7 +13,7 @@ export interface TcpProxy {
    * Black-hole the connections open now, for good, while new ones go through: a failed NAT or a failover
    * that leaves old sockets half-open (no FIN, no RST; the proxy still answers TCP keepalive probes).
    */
-  freezeOpen(): void;
+  freezeOpen(options?: FreezeOptions): void;
   /** Connections accepted so far (frozen ones included). */
   readonly accepted: number;
   /** Bytes clients sent into frozen connections: > 0 once something waits for an answer that never comes. */
@@ -23,9 +23,18 @@ export interface TcpProxy {
   close(): Promise<void>;
 }
 
+export interface FreezeOptions {
+  /**
+   * The server's side stays open even after the client closes its socket: the client's FIN or RST never
+   * reaches the server (a partition), so the server sees a session idle for good, as after a client vanished.
+   */
+  strandServerSide?: boolean;
+}
+
 interface Pair {
   client: net.Socket;
   upstream: net.Socket | undefined;
+  onClientClose?: () => void;
 }
 
 function silence(pair: Pair): void {
@@ -74,7 +83,8 @@ export async function startTcpProxy(target: { host: string; port: number }): Pro
     }
     const pair: Pair = { client, upstream: undefined };
     pairs.add(pair);
-    client.on("close", () => destroy(pair));
+    pair.onClientClose = () => destroy(pair);
+    client.on("close", pair.onClientClose);
     if (mode === "open" || mode === "hold") connectUpstream(pair);
     else client.pause();
   });
@@ -101,9 +111,10 @@ export async function startTcpProxy(target: { host: string; port: number }): Pro
       mode = "blackhole";
       for (const pair of pairs) silence(pair);
     },
-    freezeOpen() {
+    freezeOpen(options = {}) {
       for (const pair of [...pairs]) {
         silence(pair);
+        if (options.strandServerSide && pair.onClientClose) pair.client.off("close", pair.onClientClose);
         // Read and drop what the client sends: to it the socket looks alive, and the test can see a request
         // go into the black hole.
         pair.client.on("data", (chunk: Buffer) => {

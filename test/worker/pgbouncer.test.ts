@@ -260,6 +260,28 @@ describe.skipIf(tx.skip !== undefined)("PgBouncer, transaction mode", () => {
     expect(w.listener.at(-1)).toBe("poll_only");
   });
 
+  it('leaseMode "transaction" through the pooler: 5,000 rows exactly once, each batch held by its transaction, no error', async () => {
+    const queue = "pgb.drain-tx";
+    const ids = await backlog(queue, 5000);
+    const handled = ledger();
+    const w = await startObserved({
+      connection: url,
+      leaseMode: "transaction",
+      queues: { [queue]: handled.handler },
+    });
+    await drained(w, handled.seen, ids, queue);
+    expect(handled.notOnce()).toEqual([]);
+    expect([...handled.seen.keys()].sort()).toEqual([...ids].sort());
+    // The batch's transaction stays on one server connection (transaction pooling), its guard on another.
+    expect(w.loopErrors.map((e) => `${e.loop}: ${codeOf(e.error)} ${e.error.message}`)).toEqual([]);
+    expect(w.lines.filter((l) => l.level >= 50)).toEqual([]);
+    expect(w.lines.filter((l) => l.msg.includes(PREPARED_SWITCH))).toEqual([]);
+    const guards = await db.pool.query(
+      `SELECT count(*)::int AS n FROM ${db.names.quotedSchema}.lease_guards`,
+    );
+    expect(guards.rows[0].n).toBe(0);
+  });
+
   it("with LISTEN at the database, the pool's own probe finds the pooler: 2,000 rows, no error", async () => {
     const queue = "pgb.drain-listen-direct";
     const ids = await backlog(queue, 2000);
