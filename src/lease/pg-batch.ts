@@ -94,11 +94,12 @@ export function createBatchLeaser(options: BatchLeaseOptions): BatchLeaser {
     `INSERT INTO ${guards} (ids, xid, worker) VALUES ($1::bigint[], $2::xid8, $3) RETURNING id::text AS id`,
     (p) => [p.ids, p.xid, options.workerId],
   );
-  const deleteGuard = defineQuery<{ id: string }, never>(
-    "lease_guard_delete",
-    `DELETE FROM ${guards} WHERE id = $1::bigint`,
-    (p) => [p.id],
-  );
+  // The guard's delete and the COMMIT in one round trip (the simple protocol: several statements, no
+  // parameters). The id is the bigint the guard's INSERT returned, checked to be digits before it is spliced.
+  const endGuarded = (id: string) => {
+    if (!/^\d+$/.test(id)) throw new Error(`not a guard id: ${JSON.stringify(id)}`);
+    return { name: "", text: `DELETE FROM ${guards} WHERE id = ${id}; COMMIT` };
+  };
   const countDelivery = defineQuery<{ ids: string }, never>(
     "lease_count_delivery",
     `UPDATE ${names.messages} SET deliveries_count = LEAST(deliveries_count, 2147483646) + 1
@@ -181,8 +182,7 @@ WHERE id = ANY ($1::bigint[])`,
           let written: Written;
           try {
             written = await writeOutcomes(client, outcomes, tokens);
-            await runQuery(client, deleteGuard, { id: guard }, opts());
-            await run(client, COMMIT, [], { timeoutMs });
+            await run(client, endGuarded(guard), [], { timeoutMs });
           } catch (error) {
             // Destroyed, not returned: the server rolls back, the rows are due again, the guard counts them.
             client.release(asError(error));
