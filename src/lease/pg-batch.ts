@@ -1,5 +1,6 @@
 import { randomUUID } from "node:crypto";
 import type pg from "pg";
+import { OutboxError } from "../contract/errors.js";
 import type { FailureAnnouncement } from "../contract/handler.js";
 import { UNLEASED_TOKEN } from "../sql/complete.js";
 import {
@@ -97,7 +98,7 @@ export function createBatchLeaser(options: BatchLeaseOptions): BatchLeaser {
   // The guard's delete and the COMMIT in one round trip (the simple protocol: several statements, no
   // parameters). The id is the bigint the guard's INSERT returned, checked to be digits before it is spliced.
   const endGuarded = (id: string) => {
-    if (!/^\d+$/.test(id)) throw new Error(`not a guard id: ${JSON.stringify(id)}`);
+    if (!/^\d+$/.test(id)) throw new OutboxError(`not a guard id: ${JSON.stringify(id)}`);
     return { name: "", text: `DELETE FROM ${guards} WHERE id = ${id}; COMMIT` };
   };
   const countDelivery = defineQuery<{ ids: string }, never>(
@@ -177,7 +178,7 @@ WHERE id = ANY ($1::bigint[])`,
         guard,
         rows,
         async commit(outcomes) {
-          if (ended) throw new Error("batch already ended");
+          if (ended) throw new OutboxError("batch already ended");
           ended = true;
           let written: Written;
           try {
@@ -196,7 +197,7 @@ WHERE id = ANY ($1::bigint[])`,
         async rollback(error) {
           if (ended) return;
           ended = true;
-          client.release(error ?? new Error("batch rolled back"));
+          client.release(error ?? new OutboxError("batch rolled back"));
         },
       };
     },

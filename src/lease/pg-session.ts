@@ -1,4 +1,5 @@
 import type pg from "pg";
+import { OutboxError } from "../contract/errors.js";
 import { isPreparedStatementLost, type Query, run, runQuery, type Statement } from "../sql/executor.js";
 import { NOTIFY } from "../sql/produce.js";
 import { BEGIN, COMMIT, DISCARD_PLANS } from "../sql/transaction.js";
@@ -143,7 +144,7 @@ export function createPgSession(options: PgSessionOptions): PgSession {
       // On the pool: a trailing wake-up may come after the owner's commit, when the connection is no longer
       // its own (statements in the write itself notify at the commit).
       notify: (channel, queue) => run(pool(), NOTIFY, [channel, queue], { timeoutMs }),
-      connect: () => Promise.reject(new Error("a transaction-held batch opens no other connection")),
+      connect: () => Promise.reject(new OutboxError("a transaction-held batch opens no other connection")),
       useUnnamedStatements() {
         const was = prepared;
         prepared = false;

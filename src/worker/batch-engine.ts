@@ -7,7 +7,7 @@ import { Fetcher } from "../fetch/fetcher.js";
 import { type HeldRow, heldRows, lose, settle } from "../lease/held.js";
 import type { BatchLeaser, HeldBatch } from "../lease/pg-batch.js";
 import type { Delivery } from "../lease/store.js";
-import type { Engine, StopResult } from "./engine.js";
+import { type Engine, fetchPacing, type StopResult } from "./engine.js";
 import { within } from "./engine-stop.js";
 import type { WorkerEmitter } from "./events.js";
 import type { GuardRepair } from "./guard-repair.js";
@@ -68,13 +68,7 @@ export function createBatchEngine(deps: BatchEngineDeps): Engine {
 
   const queue = new LocalQueue<HeldRow>(capacity);
   const fetcher = new Fetcher<HeldRow>({
-    batchSize: options.batchSize,
-    minBatch: Math.min(options.batchSize, Math.max(options.concurrency, 10)),
-    minPollMs: options.minPollIntervalMs,
-    maxPollMs: options.maxPollIntervalMs,
-    backoffBaseMs: options.loopBackoffBaseMs,
-    backoffMaxMs: options.loopBackoffMaxMs,
-    maxConsecutiveFailures: options.maxConsecutiveFailures,
+    ...fetchPacing(options),
     // One batch per fetch: none while MAX_BATCHES are held (a commit frees one and fetches again).
     free: () => (batches.size >= MAX_BATCHES ? 0 : queue.free),
     lease: async (limit) => {

@@ -53,6 +53,20 @@ export interface Engine {
   reclaimStale(): Promise<number>;
 }
 
+/** The fetch loop's batch sizes, poll intervals and backoff, from the worker's options (both lease modes). */
+export function fetchPacing(options: ResolvedOptions) {
+  return {
+    batchSize: options.batchSize,
+    // A trickle is leased a loop's worth at a time; full fetches double it towards batchSize.
+    minBatch: Math.min(options.batchSize, Math.max(options.concurrency, 10)),
+    minPollMs: options.minPollIntervalMs,
+    maxPollMs: options.maxPollIntervalMs,
+    backoffBaseMs: options.loopBackoffBaseMs,
+    backoffMaxMs: options.loopBackoffMaxMs,
+    maxConsecutiveFailures: options.maxConsecutiveFailures,
+  };
+}
+
 /** A completion waiting this long on a producer of its key is logged (warn), once. */
 const LONG_WAIT_MS = 10_000;
 
@@ -96,14 +110,7 @@ export function createEngine(deps: EngineDeps): Engine {
     maxHeldBytes: options.maxHeldBytes,
   });
   const fetcher = new Fetcher<HeldRow>({
-    batchSize: options.batchSize,
-    // A trickle is leased a loop's worth at a time; full fetches double it towards batchSize.
-    minBatch: Math.min(options.batchSize, Math.max(options.concurrency, 10)),
-    minPollMs: options.minPollIntervalMs,
-    maxPollMs: options.maxPollIntervalMs,
-    backoffBaseMs: options.loopBackoffBaseMs,
-    backoffMaxMs: options.loopBackoffMaxMs,
-    maxConsecutiveFailures: options.maxConsecutiveFailures,
+    ...fetchPacing(options),
     free: () =>
       prefetch.free({
         queued: queue.size,

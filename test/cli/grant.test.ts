@@ -27,6 +27,7 @@ import {
 } from "../../src/sql/grants.js";
 import { inboxStatements } from "../../src/sql/inbox.js";
 import { repairKeyHeadsStatement } from "../../src/sql/key-heads.js";
+import { repairGuardsStatement } from "../../src/sql/lease-guards.js";
 import { produceStatements } from "../../src/sql/produce.js";
 import {
   listSubscriptions,
@@ -226,6 +227,11 @@ describe("outbox-worker grant: what each role holds", () => {
       "inbox: SELECT",
       "inbox: INSERT",
       "expire_inbox: EXECUTE",
+      // Transaction-held batches (migration 0023): their guards, and the repair keeping locked rows' ids.
+      "lease_guards: SELECT",
+      ...columns("lease_guards", ["ids", "xid", "worker"], "INSERT"),
+      "lease_guards.ids: UPDATE",
+      "lease_guards: DELETE",
     ];
     expect(await privilegesOf(role.worker)).toEqual([...workerRights].sort());
     expect(await privilegesOf(role.expirer)).toEqual(
@@ -658,56 +664,65 @@ describe("worker", () => {
     await warnIfNotVacuumed(worker, schema, { warn: () => {} } as never);
   });
 
-  it("drains plain and keyed messages, retries, dead-letters, and repairs key heads", async () => {
-    const client = await db.pool.connect();
-    try {
-      await client.query("BEGIN");
-      for (let i = 0; i < 5; i++) await outbox.publish(client, "w.plain", { i });
-      for (let i = 0; i < 6; i++) await outbox.publish(client, "w.keyed", { i }, { key: `k${i % 2}` });
-      await outbox.publish(client, "w.retry", { i: 0 });
-      await outbox.publish(client, "w.dead", { i: 0 }, { key: "d" });
-      await outbox.publish(client, "w.dead", { i: 1 }, { key: "d" });
-      await client.query("COMMIT");
-    } finally {
-      client.release();
-    }
-    const seen: string[] = [];
-    let failedOnce = false;
-    await workers.start({
-      queues: {
-        "w.plain": () => {
-          seen.push("plain");
-        },
-        "w.keyed": () => {
-          seen.push("keyed");
-        },
-        "w.retry": {
-          handler: () => {
-            if (!failedOnce) {
-              failedOnce = true;
-              throw new TransientError("once");
-            }
-            seen.push("retried");
+  it.each(["token", "transaction"] as const)(
+    "leaseMode %s: drains plain and keyed messages, retries, dead-letters, and repairs key heads and lease guards",
+    async (leaseMode) => {
+      await db.pool.query(`DELETE FROM ${names.deadLetters} WHERE queue LIKE 'w.%'`);
+      const client = await db.pool.connect();
+      try {
+        await client.query("BEGIN");
+        for (let i = 0; i < 5; i++) await outbox.publish(client, "w.plain", { i });
+        for (let i = 0; i < 6; i++) await outbox.publish(client, "w.keyed", { i }, { key: `k${i % 2}` });
+        await outbox.publish(client, "w.retry", { i: 0 });
+        await outbox.publish(client, "w.dead", { i: 0 }, { key: "d" });
+        await outbox.publish(client, "w.dead", { i: 1 }, { key: "d" });
+        await client.query("COMMIT");
+      } finally {
+        client.release();
+      }
+      const seen: string[] = [];
+      let failedOnce = false;
+      await workers.start({
+        leaseMode,
+        queues: {
+          "w.plain": () => {
+            seen.push("plain");
           },
-          retry: constant(10),
+          "w.keyed": () => {
+            seen.push("keyed");
+          },
+          "w.retry": {
+            handler: () => {
+              if (!failedOnce) {
+                failedOnce = true;
+                throw new TransientError("once");
+              }
+              seen.push("retried");
+            },
+            retry: constant(10),
+          },
+          "w.dead": (payload) => {
+            if ((payload as { i: number }).i === 0) throw new PermanentError("no");
+            seen.push("after-dead");
+          },
         },
-        "w.dead": (payload) => {
-          if ((payload as { i: number }).i === 0) throw new PermanentError("no");
-          seen.push("after-dead");
-        },
-      },
-    });
-    await until(async () => {
-      const { rows } = await db.pool.query(`SELECT count(*)::int AS n FROM ${names.messages}`);
-      return rows[0].n === 0;
-    }, "every message handled");
-    expect(seen.filter((s) => s === "keyed")).toHaveLength(6);
-    expect(seen).toEqual(expect.arrayContaining(["plain", "retried", "after-dead"]));
-    const dead = await db.pool.query(`SELECT queue, reason FROM ${names.deadLetters}`);
-    expect(dead.rows).toEqual([{ queue: "w.dead", reason: "rejected" }]);
-    const repaired = await runQuery(worker, repairKeyHeadsStatement(names), { queues: ["w.keyed"] });
-    expect(repaired).toEqual([]);
-  });
+      });
+      await until(async () => {
+        const { rows } = await db.pool.query(`SELECT count(*)::int AS n FROM ${names.messages}`);
+        return rows[0].n === 0;
+      }, "every message handled");
+      expect(seen.filter((s) => s === "keyed")).toHaveLength(6);
+      expect(seen).toEqual(expect.arrayContaining(["plain", "retried", "after-dead"]));
+      const dead = await db.pool.query(`SELECT queue, reason FROM ${names.deadLetters}`);
+      expect(dead.rows).toEqual([{ queue: "w.dead", reason: "rejected" }]);
+      const repaired = await runQuery(worker, repairKeyHeadsStatement(names), { queues: ["w.keyed"] });
+      expect(repaired).toEqual([]);
+      // The guard repair of transaction-held batches runs under the worker's rights too (it logs, not throws).
+      expect(await runQuery(worker, repairGuardsStatement(names), { limit: 10 })).toEqual([
+        { counted: 0, cleared: 0 },
+      ]);
+    },
+  );
 
   it("runs transactional handlers with no right beyond the worker's (and its rights on the handler's own table); follow-ups refused roll back the handler's writes", async () => {
     // The handler's writes run as the worker's role, on the app's table: that right is the app's to give.

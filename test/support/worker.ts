@@ -59,3 +59,19 @@ export function workerFactory(defaults: { url: string; schema: string }) {
 export function publisherFor(schema: string) {
   return createPublisher({ schema, notify: { cooldownMs: 0 } });
 }
+
+/**
+ * Terminates the transaction-held batches of the worker `workerId` (its sessions idle in a transaction that
+ * holds an xid), never another test file's sessions in the same database.
+ */
+export async function killBatchesOf(
+  pool: { query(text: string, values: unknown[]): Promise<unknown> },
+  workerId: string,
+): Promise<void> {
+  await pool.query(
+    `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+     WHERE datname = current_database() AND application_name = $1
+       AND state = 'idle in transaction' AND backend_xid IS NOT NULL`,
+    [`outbox-worker ${workerId}`],
+  );
+}

@@ -8,12 +8,12 @@ import { migrate } from "../../src/migrate/migrator.js";
 import { createWorker } from "../../src/worker/worker.js";
 import { testDatabase } from "../support/database.js";
 import { startPostgresProxy, throughProxy } from "../support/tcp-proxy.js";
-import { publisherFor, until, workerFactory } from "../support/worker.js";
+import { killBatchesOf, publisherFor, until, workerFactory } from "../support/worker.js";
 
 /**
  * leaseMode "transaction" under the faults the token lease is proven against (issue 30 "Must hold"): a
- * worker killed with SIGKILL, every connection terminated, a Postgres restart, black-holed connections, a
- * crash loop, per-key order and follow-ups. The PgBouncer case is in pgbouncer.test.ts.
+ * worker killed with SIGKILL, a Postgres restart, black-holed connections, a crash loop, per-key order and
+ * follow-ups. Every connection terminated: worker-faults.test.ts (both modes); PgBouncer: pgbouncer.test.ts.
  */
 
 const db = testDatabase("txfault");
@@ -123,8 +123,10 @@ describe("leaseMode transaction: faults", () => {
   it("a message that kills its batch every time is dead-lettered as max_deliveries", async () => {
     const [id] = await publish("loop", 1);
     let runs = 0;
+    const workerId = `txloop-${Date.now()}`;
     await workers.start({
       ...mode,
+      workerId,
       maxDeliveries: 3,
       loopBackoffBaseMs: 10,
       loopBackoffMaxMs: 50,
@@ -132,10 +134,7 @@ describe("leaseMode transaction: faults", () => {
         loop: async () => {
           runs++;
           // The handler's own batch, killed under it: as if the process died mid-handler.
-          await db.pool.query(
-            `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-             WHERE datname = current_database() AND state = 'idle in transaction' AND backend_xid IS NOT NULL`,
-          );
+          await killBatchesOf(db.pool, workerId);
         },
       },
     });
@@ -146,34 +145,6 @@ describe("leaseMode transaction: faults", () => {
     const dead = (await db.pool.query(`SELECT * FROM ${db.names.deadLetters} WHERE id = $1`, [id])).rows[0];
     expect(dead.reason).toBe("max_deliveries");
     expect(runs).toBe(3);
-  });
-
-  it("recovers when every worker connection is terminated, and finishes the backlog", async () => {
-    await publish("term", 200);
-    let handled = 0;
-    const worker = await workers.start({
-      ...mode,
-      concurrency: 2,
-      batchSize: 20,
-      loopBackoffBaseMs: 20,
-      loopBackoffMaxMs: 200,
-      queues: {
-        term: async () => {
-          handled++;
-          await new Promise((r) => setTimeout(r, 2));
-        },
-      },
-    });
-    await until(() => handled >= 40, "some progress");
-    const killed = await db.pool.query(
-      "SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name LIKE $1",
-      [`outbox-%${worker.id}`.slice(0, 63)],
-    );
-    expect(killed.rows[0].n).toBeGreaterThan(0);
-    await publish("term", 50);
-    await until(async () => (await remaining()) === 0, "backlog drained after the kill", 60_000);
-    expect(handled).toBeGreaterThanOrEqual(250);
-    expect(await scalar(`SELECT count(*)::int AS n FROM ${db.names.deadLetters}`)).toBe(0);
   });
 
   it("keeps per-key order across batches and concurrent handlers", async () => {

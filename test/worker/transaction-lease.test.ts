@@ -3,7 +3,7 @@ import { OutboxConfigError } from "../../src/contract/errors.js";
 import { PermanentError } from "../../src/index.js";
 import { createWorker } from "../../src/worker/worker.js";
 import { testDatabase } from "../support/database.js";
-import { publisherFor, until, workerFactory } from "../support/worker.js";
+import { killBatchesOf, publisherFor, until, workerFactory } from "../support/worker.js";
 
 /**
  * leaseMode "transaction": a batch's rows are locked by the transaction that leased them, nothing is written
@@ -163,18 +163,17 @@ describe("leaseMode transaction", () => {
     const [id] = await publish("q", 1);
     const killed = gate();
     const deliveries: number[] = [];
+    const workerId = `txkill-${Date.now()}`;
     await workers.start({
       ...mode,
+      workerId,
       leaseTtlMs: 2000,
       queues: {
         q: async (_p, msg) => {
           deliveries.push(msg.deliveries);
           if (deliveries.length === 1) {
-            // The batch's own transaction: the one backend of this database holding a row lock on it.
-            await db.pool.query(
-              `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-               WHERE datname = current_database() AND state = 'idle in transaction' AND backend_xid IS NOT NULL`,
-            );
+            // The batch's own transaction, killed under its handler.
+            await killBatchesOf(db.pool, workerId);
             killed.open();
           }
         },

@@ -92,31 +92,35 @@ describe("wake-ups", () => {
 });
 
 describe("database failures", () => {
-  it("recovers when every worker connection is terminated, and finishes the backlog", async () => {
-    await publish("term", 200);
-    let handled = 0;
-    const worker = await workers.start({
-      concurrency: 2,
-      batchSize: 20,
-      loopBackoffBaseMs: 20,
-      loopBackoffMaxMs: 200,
-      queues: {
-        term: async () => {
-          handled++;
-          await new Promise((r) => setTimeout(r, 2));
+  it.each(["token", "transaction"] as const)(
+    "leaseMode %s: recovers when every worker connection is terminated, and finishes the backlog",
+    async (leaseMode) => {
+      await publish("term", 200);
+      let handled = 0;
+      const worker = await workers.start({
+        leaseMode,
+        concurrency: 2,
+        batchSize: 20,
+        loopBackoffBaseMs: 20,
+        loopBackoffMaxMs: 200,
+        queues: {
+          term: async () => {
+            handled++;
+            await new Promise((r) => setTimeout(r, 2));
+          },
         },
-      },
-    });
-    await until(() => handled >= 40, "some progress");
-    const killed = await db.pool.query(
-      "SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name LIKE $1",
-      [`outbox-%${worker.id}`.slice(0, 63)],
-    );
-    expect(killed.rows[0].n).toBeGreaterThan(0);
-    await publish("term", 50);
-    await until(async () => (await remaining()) === 0, "backlog drained after the kill", 60_000);
-    expect(handled).toBeGreaterThanOrEqual(250);
-  });
+      });
+      await until(() => handled >= 40, "some progress");
+      const killed = await db.pool.query(
+        "SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name LIKE $1",
+        [`outbox-%${worker.id}`.slice(0, 63)],
+      );
+      expect(killed.rows[0].n).toBeGreaterThan(0);
+      await publish("term", 50);
+      await until(async () => (await remaining()) === 0, "backlog drained after the kill", 60_000);
+      expect(handled).toBeGreaterThanOrEqual(250);
+    },
+  );
 
   it("survives a Postgres restart and finishes the backlog", async () => {
     const dir = await mkdtemp(path.join(tmpdir(), "outbox-restart-"));
