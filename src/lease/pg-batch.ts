@@ -76,11 +76,6 @@ export interface HeldBatch {
  */
 const BUSY_GIVE_UP_MS = 5_000;
 
-/** Deliveries of a batch's rows, fenced by the token their row carries (an expired lease's, or none). */
-export function fenced<W extends { held: Delivery }>(w: W, leaseToken: string | null): W {
-  return { ...w, held: { ...w.held, token: leaseToken ?? UNLEASED_TOKEN } };
-}
-
 export interface BatchLeaser {
   /** Leases up to `limit` rows in a new transaction → the batch, or undefined (none due; nothing held). */
   lease(limit: number, maxBytes?: number): Promise<HeldBatch | undefined>;
@@ -229,7 +224,12 @@ WHERE id = ANY ($1::bigint[])`,
       ...(options.onKeyBusy ? { onKeyBusy: options.onKeyBusy } : {}),
       ...(options.onPreparedLost ? { onPreparedLost: options.onPreparedLost } : {}),
     });
-    const token = (d: Delivery) => tokens.get(d.id) ?? null;
+    // Each write fenced by the token its row carries (an expired lease's, or none: UNLEASED_TOKEN), not the
+    // batch's in-process id its deliveries carry.
+    const fenced = <W extends { held: Delivery }>(w: W): W => ({
+      ...w,
+      held: { ...w.held, token: tokens.get(w.held.id) ?? UNLEASED_TOKEN },
+    });
     // A retry, a dead-letter move or a delivery that ran without an outcome counts the delivery, as the token
     // lease counted it when it leased the row (an ack deletes the row: nothing to count).
     const counted = [
@@ -241,26 +241,16 @@ WHERE id = ANY ($1::bigint[])`,
     const deadline = Date.now() + BUSY_GIVE_UP_MS;
     const keyedFollowUps = (w: AckWrite) => w.followUps?.some((f) => f.key !== null) ?? false;
     await untilWritten(
-      outcomes.acks.filter((w) => !keyedFollowUps(w)).map((w) => fenced(w, token(w.held))),
+      outcomes.acks.filter((w) => !keyedFollowUps(w)).map(fenced),
       (ws) => store.ack(ws),
       deadline,
       busy,
     );
-    const withKeys = outcomes.acks.filter(keyedFollowUps).map((w) => fenced(w, token(w.held)));
+    const withKeys = outcomes.acks.filter(keyedFollowUps).map(fenced);
     if (withKeys.length > 0)
       await allOrNone(client, timeoutMs, withKeys, (ws) => store.ack(ws), deadline, busy);
-    await untilWritten(
-      outcomes.retries.map((w) => fenced(w, token(w.held))),
-      (ws) => store.retry(ws),
-      deadline,
-      busy,
-    );
-    await untilWritten(
-      outcomes.dead.map((w) => fenced(w, token(w.held))),
-      (ws) => store.deadLetter(ws),
-      deadline,
-      busy,
-    );
+    await untilWritten(outcomes.retries.map(fenced), (ws) => store.retry(ws), deadline, busy);
+    await untilWritten(outcomes.dead.map(fenced), (ws) => store.deadLetter(ws), deadline, busy);
     return { promoted, busy };
   }
 

@@ -133,31 +133,13 @@ export function createPgSession(options: PgSessionOptions): PgSession {
     }
   }
 
-  const within = options.within;
-  if (within) {
-    const runIn: Runner = (q, p) => runNoticing(within, q, p);
-    return {
-      query: runIn,
-      runnerOn: (client) => (q, p) => runNoticing(client, q, p),
-      transaction: (work) => work(runIn),
-      control: (client, statement) => run(client, statement, [], { timeoutMs }),
-      // On the pool: a trailing wake-up may come after the owner's commit, when the connection is no longer
-      // its own (statements in the write itself notify at the commit).
-      notify: (channel, queue) => run(pool(), NOTIFY, [channel, queue], { timeoutMs }),
-      connect: () => Promise.reject(new OutboxError("a transaction-held batch opens no other connection")),
-      useUnnamedStatements() {
-        const was = prepared;
-        prepared = false;
-        return was;
-      },
-    };
-  }
-
-  return {
+  const session: PgSession = {
     query: async (q, p) => runNoticing(pool(), q, p),
     runnerOn: (client) => (q, p) => runNoticing(client, q, p),
     transaction,
     control: (client, statement) => run(client, statement, [], { timeoutMs }),
+    // Always on the pool: in a batch's session too, a trailing wake-up may come after the batch's commit,
+    // when its connection is no longer its own (statements in the write itself notify at the commit).
     notify: (channel, queue) => run(pool(), NOTIFY, [channel, queue], { timeoutMs }),
     connect: () => pool().connect(),
     useUnnamedStatements() {
@@ -165,5 +147,14 @@ export function createPgSession(options: PgSessionOptions): PgSession {
       prepared = false;
       return was;
     },
+  };
+  const within = options.within;
+  if (!within) return session;
+  const runIn: Runner = (q, p) => runNoticing(within, q, p);
+  return {
+    ...session,
+    query: runIn,
+    transaction: (work) => work(runIn),
+    connect: () => Promise.reject(new OutboxError("a transaction-held batch opens no other connection")),
   };
 }

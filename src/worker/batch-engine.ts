@@ -5,9 +5,10 @@ import { Dispatcher } from "../dispatch/dispatcher.js";
 import { LocalQueue } from "../dispatch/local-queue.js";
 import { Fetcher } from "../fetch/fetcher.js";
 import { type HeldRow, heldRows, lose, settle } from "../lease/held.js";
+import type { OutcomeOf } from "../lease/outcome.js";
 import type { BatchLeaser, HeldBatch } from "../lease/pg-batch.js";
 import type { Delivery } from "../lease/store.js";
-import { type Engine, fetchPacing, type StopResult } from "./engine.js";
+import { dispatchRules, type Engine, fetchPacing, type StopResult } from "./engine.js";
 import { within } from "./engine-stop.js";
 import type { WorkerEmitter } from "./events.js";
 import type { GuardRepair } from "./guard-repair.js";
@@ -109,11 +110,7 @@ export function createBatchEngine(deps: BatchEngineDeps): Engine {
 
   const dispatcher = new Dispatcher({
     queue,
-    concurrency: options.concurrency,
-    queues: options.queues,
-    maxDeliveries: options.maxDeliveries,
-    retry: options.retry,
-    maxErrorLength: options.maxErrorLength,
+    ...dispatchRules(options),
     submit: (o) => decided(o.held, o),
     ...dispatchReports(deps),
   });
@@ -129,12 +126,13 @@ export function createBatchEngine(deps: BatchEngineDeps): Engine {
   }
 
   async function commit(id: string, batch: Batch): Promise<void> {
-    const writes = (kind: Outcome["kind"]) => batch.outcomes.filter((o) => o.kind === kind);
+    const of = <K extends Outcome["kind"]>(kind: K) =>
+      batch.outcomes.filter((o): o is OutcomeOf<K> => o.kind === kind);
     try {
       const left = await batch.held.commit({
-        acks: writes("ack") as Extract<Outcome, { kind: "ack" }>[],
-        retries: writes("retry") as Extract<Outcome, { kind: "retry" }>[],
-        dead: writes("dead") as Extract<Outcome, { kind: "dead" }>[],
+        acks: of("ack"),
+        retries: of("retry"),
+        dead: of("dead"),
         ranWithout: batch.ranWithout,
       });
       commitFailures = 0;
@@ -142,7 +140,7 @@ export function createBatchEngine(deps: BatchEngineDeps): Engine {
       const unwritten = new Set(left.map((d: Delivery) => d.id));
       for (const o of batch.outcomes) {
         if (unwritten.has(o.held.id)) {
-          lost(o.held, "ack");
+          lost(o.held);
           continue;
         }
         settle(o.held, SETTLED[o.kind]);
@@ -155,7 +153,7 @@ export function createBatchEngine(deps: BatchEngineDeps): Engine {
         { err, rows: batch.outcomes.length },
         "a transaction-held batch could not commit: its messages are delivered again",
       );
-      for (const o of batch.outcomes) lost(o.held, "ack");
+      for (const o of batch.outcomes) lost(o.held);
       health.failed("complete", err, commitFailures);
       unrepaired.add(batch.held.guard);
       if (commitFailures >= options.maxConsecutiveFailures) deps.onFatal(err);
@@ -166,11 +164,12 @@ export function createBatchEngine(deps: BatchEngineDeps): Engine {
     }
   }
 
-  function lost(h: HeldRow, phase: "ack"): void {
+  /** Its outcome did not land (the commit failed, or its key stayed busy): it is delivered again. */
+  function lost(h: HeldRow): void {
     if (!lose(h, new OutboxError("the batch's transaction ended without its outcomes: delivered again")))
       return;
     const { id, queue: q, deliveries_count: deliveries } = h.row;
-    emitter.emit("lease_lost", { id, queue: q, deliveries, phase });
+    emitter.emit("lease_lost", { id, queue: q, deliveries, phase: "ack" });
   }
 
   return {

@@ -67,6 +67,17 @@ export function fetchPacing(options: ResolvedOptions) {
   };
 }
 
+/** What the dispatch loops apply to every row, from the worker's options (both lease modes). */
+export function dispatchRules(options: ResolvedOptions) {
+  return {
+    concurrency: options.concurrency,
+    queues: options.queues,
+    maxDeliveries: options.maxDeliveries,
+    retry: options.retry,
+    maxErrorLength: options.maxErrorLength,
+  };
+}
+
 /** A completion waiting this long on a producer of its key is logged (warn), once. */
 const LONG_WAIT_MS = 10_000;
 
@@ -166,11 +177,7 @@ export function createEngine(deps: EngineDeps): Engine {
   // Dispatch: the loops take rows from the queue, run the handlers and submit the outcomes.
   const dispatcher = new Dispatcher({
     queue,
-    concurrency: options.concurrency,
-    queues: options.queues,
-    maxDeliveries: options.maxDeliveries,
-    retry: options.retry,
-    maxErrorLength: options.maxErrorLength,
+    ...dispatchRules(options),
     submit: (o) => completer.submit(o),
     ...(begin
       ? {
