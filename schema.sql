@@ -125,42 +125,60 @@ ALTER TABLE outbox.subscriptions ADD CONSTRAINT subscriptions_pkey PRIMARY KEY (
 ALTER TABLE outbox.subscriptions ADD CONSTRAINT subscriptions_queue_check CHECK (queue ~ '^[A-Za-z0-9][A-Za-z0-9._:/-]*$'::text AND octet_length(queue) <= 200);
 CREATE INDEX subscriptions_queue_idx ON outbox.subscriptions USING btree (queue);
 
+CREATE VIEW outbox.batch_leases AS
+ SELECT u.id,
+    g.worker,
+    g.created_at
+   FROM outbox.lease_guards g
+     CROSS JOIN LATERAL unnest(g.ids) u(id)
+  WHERE pg_xact_status(g.xid) = 'in progress'::text;
+
 CREATE VIEW outbox.leases AS
- SELECT id,
-    queue,
-    acquired_at,
-    acquired_by,
-    lease_expires_at
+ SELECT m.id,
+    m.queue,
+    m.acquired_at,
+    m.acquired_by,
+    m.lease_expires_at
    FROM outbox.messages m
-  WHERE acquired_token IS NOT NULL;
+  WHERE m.acquired_token IS NOT NULL
+UNION ALL
+ SELECT m.id,
+    m.queue,
+    b.created_at AS acquired_at,
+    b.worker AS acquired_by,
+    NULL::timestamp with time zone AS lease_expires_at
+   FROM outbox.batch_leases b
+     JOIN outbox.messages m ON m.id = b.id;
 
 CREATE VIEW outbox.unprocessed AS
- SELECT id,
-    queue,
-    key,
+ SELECT m.id,
+    m.queue,
+    m.key,
         CASE
-            WHEN acquired_token IS NULL AND NOT head THEN 'blocked'::text
-            WHEN acquired_token IS NULL AND available_at > now() THEN 'scheduled'::text
-            WHEN acquired_token IS NULL THEN 'ready'::text
-            WHEN lease_expires_at <= now() THEN 'lease_expired'::text
+            WHEN b.id IS NOT NULL THEN 'leased'::text
+            WHEN m.acquired_token IS NULL AND NOT m.head THEN 'blocked'::text
+            WHEN m.acquired_token IS NULL AND m.available_at > now() THEN 'scheduled'::text
+            WHEN m.acquired_token IS NULL THEN 'ready'::text
+            WHEN m.lease_expires_at <= now() THEN 'lease_expired'::text
             ELSE 'leased'::text
         END AS state,
-    now() - created_at AS age,
-    payload,
-    headers,
-    created_at,
-    available_at,
-    acquired_at,
-    acquired_by,
-    lease_expires_at,
-    deliveries_count,
-    attempts_count,
-    first_attempt_at,
-    last_attempt_at,
-    last_error,
-    failures_count,
-    head
-   FROM outbox.messages m;
+    now() - m.created_at AS age,
+    m.payload,
+    m.headers,
+    m.created_at,
+    m.available_at,
+    COALESCE(m.acquired_at, b.created_at) AS acquired_at,
+    COALESCE(m.acquired_by, b.worker) AS acquired_by,
+    m.lease_expires_at,
+    m.deliveries_count,
+    m.attempts_count,
+    m.first_attempt_at,
+    m.last_attempt_at,
+    m.last_error,
+    m.failures_count,
+    m.head
+   FROM outbox.messages m
+     LEFT JOIN outbox.batch_leases b ON b.id = m.id;
 
 CREATE OR REPLACE FUNCTION outbox.ack_key_heads(ids bigint[], tokens uuid[], queues text[], keys text[], hand_off integer, hand_token uuid, lease_ttl_ms double precision, worker_id text, wait_for_flush boolean)
  RETURNS TABLE(kind text, delivery text, id text, queue text, payload text, headers jsonb, key text, created_epoch double precision, deliveries_count integer, attempts_count integer, failures_count integer, first_attempt_at timestamp with time zone, last_attempt_at timestamp with time zone, taken boolean)

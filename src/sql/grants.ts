@@ -21,7 +21,8 @@ import { outboxNames, quoteLiteral } from "./names.js";
  *   through dead_letter (SECURITY DEFINER: it takes the content from the row the worker holds; the worker
  *   only reads dead_letters, so it cannot forge one) or dead_letter_announced (the same move, and a failure
  *   event built from the dead letter for a queue with announceFailures), EXECUTE on ack_keyed/ack_key_heads/promote_heads/
- *   promote_heads_after, schema_migrations SELECT for the version check, `leases` for status, the inbox
+ *   promote_heads_after, schema_migrations SELECT for the version check, `leases` and `batch_leases` for
+ *   status, the inbox
  *   (SELECT and INSERT; its retention through expire_inbox, SECURITY DEFINER). No INSERT on messages, no
  *   DDL, no TRUNCATE. With expire: EXECUTE on expire_dead_letters (SECURITY DEFINER), for the service's
  *   dead-letter retention; no DELETE. With follow-up: INSERT of the producer's columns, for
@@ -31,7 +32,7 @@ import { outboxNames, quoteLiteral } from "./names.js";
  *   topic_matcher (the generated `matcher` column calls it as the inserting role); no UPDATE or DELETE.
  * - inspector: the `unprocessed` view (peek; a view reads its table with its owner's rights), the columns of
  *   messages that `status` and the replay preview read (no payload, headers, error or lease token), the
- *   `leases` view (who holds what, without tokens), dead_letters SELECT, subscriptions SELECT (who receives
+ *   `leases` and `batch_leases` views (who holds what, without tokens), dead_letters SELECT, subscriptions SELECT (who receives
  *   what), inbox SELECT (what was handled), EXECUTE on topic_queues (the preview of kept topic events), schema_migrations SELECT (the version
  *   check every command runs first). With repair: replay (INSERT into messages with the dead letter's own
  *   id, DELETE from dead_letters; its FOR UPDATE needs UPDATE on one column; EXECUTE on route_unrouted,
@@ -213,6 +214,7 @@ export const READ_RIGHTS = {
   status: [
     table("messages", "SELECT", INSPECTOR_SELECT_COLUMNS),
     table("leases", "SELECT"),
+    table("batch_leases", "SELECT"),
     table("dead_letters", "SELECT"),
   ],
   /** `peek`: the `unprocessed` view (--inspector). */
@@ -246,6 +248,8 @@ const RIGHTS: Readonly<Record<GrantOption, readonly Right[]>> = {
     // Read only: the move writes dead letters as the schema's owner (dead_letter).
     table("dead_letters", "SELECT"),
     table("leases", "SELECT"),
+    // Status and the unserved-queue check: the rows transaction-held batches hold (migration 0024).
+    table("batch_leases", "SELECT"),
     ...WORKER_FUNCTIONS.map(fn),
     // Transaction-held leases (migration 0023): a guard per batch, its repair after a crash.
     table("lease_guards", "SELECT"),
@@ -273,6 +277,7 @@ const RIGHTS: Readonly<Record<GrantOption, readonly Right[]>> = {
     table("unprocessed", "SELECT"),
     table("messages", "SELECT", INSPECTOR_SELECT_COLUMNS),
     table("leases", "SELECT"),
+    table("batch_leases", "SELECT"),
     table("dead_letters", "SELECT"),
     table("subscriptions", "SELECT"),
     // Which messages a queue's inbox holds as handled (a person asking why one was deduped).

@@ -15,7 +15,7 @@ export interface QueueStatusRow {
   blocked: number;
   /** Not due yet (`delayMs`, `availableAt` or a retry's backoff). */
   scheduled: number;
-  /** Held by a worker under a live lease. */
+  /** Held by a worker under a live lease, or by a transaction-held batch. */
   leased: number;
   /** Leased, but the lease ran out: they will be fetched again. */
   expired: number;
@@ -39,16 +39,20 @@ export interface QueueStatusRow {
 export function queueStatusStatement(names: OutboxNames): Query<NoParams, QueueStatusRow> {
   return defineQuery(
     "queue_status",
-    `WITH m AS (
+    `WITH r AS (
+  -- A transaction-held batch's rows carry no lease: their batch's live guard says they are held.
+  SELECT t.queue, t.head, t.available_at, t.acquired_at, t.lease_expires_at, b.id IS NOT NULL AS batched
+  FROM ${names.messages} AS t LEFT JOIN ${names.batchLeases} AS b ON b.id = t.id
+), m AS (
   SELECT queue,
-         count(*) FILTER (WHERE acquired_at IS NULL AND head AND available_at <= now())::int AS ready,
-         count(*) FILTER (WHERE acquired_at IS NULL AND NOT head)::int AS blocked,
-         count(*) FILTER (WHERE acquired_at IS NULL AND head AND available_at > now())::int AS scheduled,
-         count(*) FILTER (WHERE acquired_at IS NOT NULL AND lease_expires_at > now())::int AS leased,
+         count(*) FILTER (WHERE acquired_at IS NULL AND NOT batched AND head AND available_at <= now())::int AS ready,
+         count(*) FILTER (WHERE acquired_at IS NULL AND NOT batched AND NOT head)::int AS blocked,
+         count(*) FILTER (WHERE acquired_at IS NULL AND NOT batched AND head AND available_at > now())::int AS scheduled,
+         count(*) FILTER (WHERE batched OR (acquired_at IS NOT NULL AND lease_expires_at > now()))::int AS leased,
          count(*) FILTER (WHERE acquired_at IS NOT NULL AND lease_expires_at <= now())::int AS expired,
          extract(epoch FROM now() - min(available_at)
-                 FILTER (WHERE acquired_at IS NULL AND head AND available_at <= now()))::float8 AS oldest_ready_age_s
-  FROM ${names.messages}
+                 FILTER (WHERE acquired_at IS NULL AND NOT batched AND head AND available_at <= now()))::float8 AS oldest_ready_age_s
+  FROM r
   GROUP BY queue
 ), d AS (
   SELECT queue, count(*)::int AS dead, extract(epoch FROM now() - min(dead_at))::float8 AS oldest_dead_age_s
@@ -87,8 +91,9 @@ const LEASE_CHECK_ROWS = 1000;
  * are walked through the due index (a skip scan, one probe per queue), each one's oldest ready row is the
  * first unleased entry of its range there, and the lease check reads the first LEASE_CHECK_ROWS entries.
  * Workers lease oldest first, so a worker's leases sit in front of the oldest row it has not taken: the
- * first read steps over the rows in flight only, and the check finds a live lease among them. It never
- * counts the backlog, so it costs the same at 10 rows or 10 million.
+ * first read steps over the rows in flight only, and the check finds a live lease among them. The rows of
+ * transaction-held batches (no lease on the row) are found from their guards: a few small rows, a
+ * primary-key look-up per row named. It never counts the backlog, so it costs the same at 10 rows or 10 million.
  */
 export function staleQueuesStatement(names: OutboxNames): Query<StaleQueuesParams, StaleQueueRow> {
   return defineQuery(
@@ -105,7 +110,10 @@ SELECT q.queue, extract(epoch FROM now() - r.available_at)::float8 AS oldest_rea
        COALESCE((SELECT bool_or(f.acquired_token IS NOT NULL AND f.lease_expires_at > now())
                  FROM (SELECT l.acquired_token, l.lease_expires_at FROM ${names.messages} AS l
                        WHERE l.queue = q.queue AND l.head
-                       ORDER BY l.available_at, l.id LIMIT ${LEASE_CHECK_ROWS}) AS f), false) AS leased
+                       ORDER BY l.available_at, l.id LIMIT ${LEASE_CHECK_ROWS}) AS f), false)
+       -- Transaction-held batches write no lease: a live guard naming a row of the queue is its worker.
+       OR EXISTS (SELECT 1 FROM ${names.batchLeases} AS b JOIN ${names.messages} AS x ON x.id = b.id
+                  WHERE x.queue = q.queue) AS leased
 FROM queues AS q
 CROSS JOIN LATERAL (
   SELECT m.available_at FROM ${names.messages} AS m
@@ -168,9 +176,10 @@ export interface WorkerLeasesRow {
 }
 
 /**
- * Per worker: rows leased, expired leases, oldest lease. Through the `leases` view (migration 0015: no
- * token for whoever reads it). No index holds the lease columns (leases are HOT updates, migration 0021),
- * so this reads the table: a status command's read, like the per-queue counts.
+ * Per worker: rows leased (transaction-held batches too, never expired), expired leases, oldest lease.
+ * Through the `leases` view (migration 0015: no token for whoever reads it). No index holds the lease
+ * columns (leases are HOT updates, migration 0021), so this reads the table: a status command's read, like
+ * the per-queue counts.
  */
 export function workerLeasesStatement(names: OutboxNames): Query<NoParams, WorkerLeasesRow> {
   return defineQuery(

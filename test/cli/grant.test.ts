@@ -216,6 +216,7 @@ describe("outbox-worker grant: what each role holds", () => {
       "messages: DELETE",
       "dead_letters: SELECT",
       "leases: SELECT",
+      "batch_leases: SELECT",
       "schema_migrations: SELECT",
       "ack_keyed: EXECUTE",
       "ack_key_heads: EXECUTE",
@@ -253,6 +254,7 @@ describe("outbox-worker grant: what each role holds", () => {
       "schema_migrations: SELECT",
       "unprocessed: SELECT",
       "leases: SELECT",
+      "batch_leases: SELECT",
       "dead_letters: SELECT",
       ...columns("messages", INSPECTOR_SELECT_COLUMNS, "SELECT"),
       "subscriptions: SELECT",
@@ -394,6 +396,38 @@ describe("upgrading a schema whose rights were granted", () => {
         `"${upgraded}".promote_heads_after(text[], text[], bigint[], integer, uuid, double precision, text)`,
       );
     });
+  });
+});
+
+describe("upgrading to batch leases (migration 0024)", () => {
+  it("gives batch_leases to the roles that read leases, so status keeps working until grant runs again", async () => {
+    const upgraded = `${schema}_batches`;
+    await db.pool.query(`DROP SCHEMA IF EXISTS "${upgraded}" CASCADE`);
+    try {
+      await migrate({
+        connection: db.pool,
+        schema: upgraded,
+        migrationsDir: await shippedMigrationsUpTo(23),
+      });
+      const s = `"${upgraded}"`;
+      // What `grant --inspector` of the release before 0024 gave for status.
+      await db.pool.query(`GRANT USAGE ON SCHEMA ${s} TO "${role.inspector}", "${role.producer}";
+        GRANT SELECT ON ${s}.schema_migrations, ${s}.leases, ${s}.dead_letters TO "${role.inspector}";
+        GRANT SELECT (${INSPECTOR_SELECT_COLUMNS.join(", ")}) ON ${s}.messages TO "${role.inspector}"`);
+      await migrate({ connection: db.pool, schema: upgraded });
+      expect(await queueStatus(inspector, upgraded)).toEqual([]);
+      const may = async (who: string) =>
+        (
+          await db.pool.query<{ ok: boolean }>("SELECT has_table_privilege($1, $2, 'SELECT') AS ok", [
+            who,
+            `${s}.batch_leases`,
+          ])
+        ).rows[0]?.ok;
+      expect(await may(role.inspector)).toBe(true);
+      expect(await may(role.producer)).toBe(false);
+    } finally {
+      await db.pool.query(`DROP SCHEMA IF EXISTS "${upgraded}" CASCADE`);
+    }
   });
 });
 
@@ -1472,6 +1506,7 @@ describe("every right is needed", () => {
       op: deadAnnounced,
     },
     { right: `SELECT ON ${names.leases}`, of: role.worker, op: () => workerLeases(worker, schema) },
+    { right: `SELECT ON ${names.batchLeases}`, of: role.worker, op: () => queueStatus(worker, schema) },
     {
       right: `SELECT ON ${names.migrationsTable}`,
       of: role.worker,
@@ -1545,6 +1580,7 @@ describe("every right is needed", () => {
       op: () => runQuery(expirer, expireDeadLettersStatement(names), { olderThanMs: 3_600_000, limit: 10 }),
     },
     { right: `SELECT ON ${names.leases}`, of: role.inspector, op: () => workerLeases(inspector, schema) },
+    { right: `SELECT ON ${names.batchLeases}`, of: role.inspector, op: () => queueStatus(inspector, schema) },
     {
       // The version check every command makes first, as `run` does.
       right: `SELECT ON ${names.migrationsTable}`,

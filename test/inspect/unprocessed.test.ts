@@ -1,8 +1,10 @@
 import { beforeAll, describe, expect, it } from "vitest";
-import { queueStatus } from "../../src/inspect/status.js";
+import { queueStatus, workerLeases } from "../../src/inspect/status.js";
 import { testDatabase } from "../support/database.js";
+import { until, workerFactory } from "../support/worker.js";
 
 const db = testDatabase("view");
+const workers = workerFactory({ url: db.url, schema: db.schema });
 
 beforeAll(() => db.migrate());
 
@@ -40,6 +42,61 @@ describe("the unprocessed view", () => {
     expect(rows.map((r) => r.state)).toEqual(rows.map((r) => r.expected));
     const status = (await queueStatus(db.pool, db.schema)).find((q) => q.queue === "k");
     expect(status).toMatchObject({ ready: 1, blocked: 2, scheduled: 0 });
+  });
+
+  it('shows the rows of a transaction-held batch (leaseMode "transaction") as leased by its worker', async () => {
+    const m = db.names.messages;
+    await db.pool.query(
+      `INSERT INTO ${m} (queue, payload) SELECT 'tx', jsonb_build_object('i', i) FROM generate_series(1, 3) AS i`,
+    );
+    let release = () => {};
+    const holding = new Promise<void>((resolve) => {
+      release = resolve;
+    });
+    let started = 0;
+    const worker = await workers.start({
+      queues: {
+        tx: async () => {
+          started++;
+          await holding;
+        },
+      },
+      leaseMode: "transaction",
+      workerId: "batcher",
+      concurrency: 1,
+      batchSize: 3,
+    });
+    try {
+      await until(() => started > 0, "the batch's first handler runs");
+      // No lease on the rows: the batch's guard is what says they are held.
+      const { rows } = await db.pool.query(
+        `SELECT state, acquired_by, acquired_at IS NOT NULL AS since, lease_expires_at FROM ${db.names.unprocessed} WHERE queue = 'tx'`,
+      );
+      expect(rows).toEqual(
+        Array.from({ length: 3 }, () => ({
+          state: "leased",
+          acquired_by: "batcher",
+          since: true,
+          lease_expires_at: null,
+        })),
+      );
+      const status = (await queueStatus(db.pool, db.schema)).find((q) => q.queue === "tx");
+      expect(status).toMatchObject({ ready: 0, leased: 3, expired: 0 });
+      expect(status?.oldest_ready_age_s).toBeNull();
+      expect((await workerLeases(db.pool, db.schema)).find((w) => w.worker === "batcher")).toMatchObject({
+        held: 3,
+        expired: 0,
+      });
+    } finally {
+      const stopped = worker.stop({ timeoutMs: 5000 });
+      release();
+      await stopped;
+    }
+    // The batch ended (its handled rows acked, any unstarted ones handed back): none shows as held any more.
+    const after = await db.pool.query(`SELECT state FROM ${db.names.unprocessed} WHERE queue = 'tx'`);
+    expect(after.rows.filter((r) => r.state !== "ready")).toEqual([]);
+    expect(after.rowCount).toBeLessThan(3);
+    expect((await workerLeases(db.pool, db.schema)).find((w) => w.worker === "batcher")).toBeUndefined();
   });
 
   it("does not expose the lease token: a reader cannot act as the lease holder", async () => {

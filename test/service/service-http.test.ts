@@ -311,7 +311,9 @@ describe("metrics", () => {
       await db.pool.query(`DROP ROLE ${role}`);
     });
     await db.pool.query(`GRANT USAGE ON SCHEMA ${quotedSchema} TO ${role}`);
-    await db.pool.query(`GRANT SELECT ON ${messages}, ${deadLetters} TO ${role}`);
+    await db.pool.query(
+      `GRANT SELECT ON ${messages}, ${deadLetters}, ${quotedSchema}.batch_leases TO ${role}`,
+    );
     const metrics = createMetrics({ pool, schema, collectDefault: false, logger: silent });
     cleanups.push(() => metrics.stop());
     await metrics.refresh();
