@@ -12,9 +12,11 @@ import { dispatchRules, type Engine, fetchPacing, type StopResult } from "./engi
 import { within } from "./engine-stop.js";
 import type { WorkerEmitter } from "./events.js";
 import type { GuardRepair } from "./guard-repair.js";
+import { payloadBytes } from "./held-set.js";
 import type { LoopHealth } from "./loop-health.js";
 import type { ResolvedOptions } from "./options.js";
 import { dispatchReports, reportLanded } from "./reports.js";
+import { RowSize } from "./row-size.js";
 
 export interface BatchEngineDeps {
   options: ResolvedOptions;
@@ -38,6 +40,8 @@ const SETTLED = { ack: "acked", retry: "retried", dead: "dead" } as const;
 interface Batch {
   held: HeldBatch;
   size: number;
+  /** Its rows' payload bytes (text), counted against maxHeldBytes until it commits. */
+  bytes: number;
   /** Rows of the batch with no outcome yet (queued or running). */
   open: number;
   outcomes: Outcome[];
@@ -67,11 +71,28 @@ export function createBatchEngine(deps: BatchEngineDeps): Engine {
    */
   const unrepaired = new Set<string>();
 
+  // The byte budget bounds the payload text held (as the token engine's prefetch does), each batch half of
+  // it so that two can run. Sized by the rows recent batches brought, a batch also locks no more rows than
+  // it takes: a row its scan locked but the statement's cut left out would stay locked, out of every other
+  // worker's reach, until the batch ends.
+  let heldBytes = 0;
+  const rowSize = new RowSize();
+  const batchBudget = () =>
+    Math.min(Math.floor(options.maxHeldBytes / MAX_BATCHES), options.maxHeldBytes - heldBytes);
+
   const queue = new LocalQueue<HeldRow>(capacity);
   const fetcher = new Fetcher<HeldRow>({
     ...fetchPacing(options),
-    // One batch per fetch: none while MAX_BATCHES are held (a commit frees one and fetches again).
-    free: () => (batches.size >= MAX_BATCHES ? 0 : queue.free),
+    // One batch per fetch: none while MAX_BATCHES are held or the budget is spent (a commit frees one
+    // and fetches again).
+    free: () => {
+      const budget = batchBudget();
+      if (batches.size >= MAX_BATCHES || budget <= 0) return 0;
+      const fit = rowSize.rowsIn(budget);
+      if (fit === undefined) return queue.free;
+      // A row larger than the budget is still taken, alone, when nothing else is held.
+      return Math.min(queue.free, batches.size === 0 ? Math.max(1, fit) : fit);
+    },
     lease: async (limit) => {
       if (stopping) return { rows: [] };
       if (unrepaired.size > 0) {
@@ -79,8 +100,8 @@ export function createBatchEngine(deps: BatchEngineDeps): Engine {
         const left = await repair.left([...unrepaired]);
         for (const id of unrepaired) if (!left.has(id)) unrepaired.delete(id);
       }
-      // Each batch its share of the byte budget: MAX_BATCHES of them may be held at once.
-      const batch = await leaser.lease(limit, Math.floor(options.maxHeldBytes / MAX_BATCHES));
+      // The statement's cut counts stored sizes: it bounds a batch before the row size is known.
+      const batch = await leaser.lease(limit, Math.max(1, batchBudget()));
       health.recovered("fetch");
       if (!batch) return { rows: [] };
       // A stop that began while the batch was leased: nothing of it started, so end it unwritten.
@@ -89,9 +110,14 @@ export function createBatchEngine(deps: BatchEngineDeps): Engine {
         return { rows: [] };
       }
       const rows = heldRows(batch.id, batch.rows);
+      let bytes = 0;
+      for (const row of batch.rows) bytes += payloadBytes(row);
+      rowSize.learn(rows.length, bytes);
+      heldBytes += bytes;
       batches.set(batch.id, {
         held: batch,
         size: rows.length,
+        bytes,
         open: rows.length,
         outcomes: [],
         ranWithout: [],
@@ -160,6 +186,7 @@ export function createBatchEngine(deps: BatchEngineDeps): Engine {
     } finally {
       batches.delete(id);
       held -= batch.size;
+      heldBytes -= batch.bytes;
       if (!stopping) fetcher.slotsFreed();
     }
   }

@@ -1,3 +1,5 @@
+import { RowSize } from "./row-size.js";
+
 /**
  * A fetch's round trip counts for the prefetch estimate as if it had carried at most this many payload
  * bytes. Beyond that its time grows with its bytes (Postgres turns about 30 MB/s of jsonb into text): rows
@@ -36,10 +38,9 @@ export class Prefetch {
   // Round trip of the last leases (moving average, ms, each counted up to FETCH_TIME_BYTES): how long a row
   // takes to arrive once asked for.
   #fetchMs = 1;
-  // Payload bytes of a row, as recent fetches brought them (unknown before the first): a fetch asks for no
-  // more rows than fit in the byte budget left, whatever the statement's cut counted (a compressed
-  // payload's stored size is far below its text).
-  #rowBytes: number | undefined;
+  // A fetch asks for no more rows of the recent size than fit in the byte budget left, whatever the
+  // statement's cut counted (a compressed payload's stored size is far below its text).
+  readonly #rowSize = new RowSize();
   // Room promised to the fetch in flight: not free for the next.
   #reserved = 0;
 
@@ -77,20 +78,16 @@ export class Prefetch {
 
   /** A fetch brought `bytes` in `rows` rows: learn the row size (up at once, down slowly) and the round trip. */
   fetched(rows: number, bytes: number, ms: number): void {
-    if (rows > 0) {
-      const mean = bytes / rows;
-      this.#rowBytes =
-        this.#rowBytes === undefined ? mean : Math.max(mean, this.#rowBytes * 0.8 + mean * 0.2);
-    }
+    this.#rowSize.learn(rows, bytes);
     this.#fetchMs = this.#fetchMs * 0.8 + ms * Math.min(1, FETCH_TIME_BYTES / Math.max(1, bytes)) * 0.2;
   }
 
   /** Rows of the recent size that fit in the byte budget left; at least one while nothing is held. */
   #rowsInBudget(now: HeldNow): number {
     const left = this.#options.maxHeldBytes - now.heldBytes;
+    const fit = this.#rowSize.rowsIn(left);
     // Size unknown yet: the statement's cut alone.
-    if (this.#rowBytes === undefined) return left > 0 ? this.#options.capacity : 0;
-    const fit = Math.floor(left / this.#rowBytes);
+    if (fit === undefined) return left > 0 ? this.#options.capacity : 0;
     return now.held === 0 ? Math.max(1, fit) : fit;
   }
 }

@@ -191,6 +191,97 @@ describe("leaseMode transaction", () => {
     expect(await scalar(`SELECT count(*)::int AS n FROM ${guards}`)).toBe(0);
   });
 
+  /**
+   * Payloads of `chars` characters on queue "big": hex (stored as it is: compression cannot save a quarter
+   * of it) or one repeated letter (stored compressed, a hundredth of its text).
+   */
+  async function big(n: number, chars: number, kind: "hex" | "repeated", first = false): Promise<void> {
+    const text =
+      kind === "hex"
+        ? `(SELECT string_agg(md5(random()::text || i || j), '') FROM generate_series(1, ${chars / 32}) AS j)`
+        : `repeat('x', ${chars})`;
+    await db.pool.query(
+      `INSERT INTO ${m} (queue, payload) SELECT 'big', jsonb_build_object('s', ${text}, 'first', $1::boolean)
+       FROM generate_series(1, $2) AS i`,
+      [first, n],
+    );
+  }
+
+  /** A worker on "big" whose handlers block until released, but for the first rows (they teach it the size). */
+  async function blockingBigWorker(maxHeldBytes: number) {
+    const release = gate();
+    const state = { started: 0 };
+    await workers.start({
+      ...mode,
+      maxHeldBytes,
+      concurrency: 40,
+      batchSize: 40,
+      queues: {
+        big: async (payload) => {
+          if ((payload as { first: boolean }).first) return;
+          state.started++;
+          await release.opened;
+        },
+      },
+    });
+    await until(
+      async () => (await scalar(`SELECT count(*)::int AS n FROM ${m}`)) === 0,
+      "the first rows acked",
+    );
+    return { release, state };
+  }
+
+  const heldNow = () => scalar(`SELECT count(*)::int AS n FROM ${db.names.batchLeases}`);
+  const heldText = () =>
+    scalar(
+      `SELECT COALESCE(sum(octet_length(t.payload::text)), 0)::int AS n FROM ${db.names.batchLeases} AS b JOIN ${m} AS t ON t.id = b.id`,
+    );
+  const liveBatches = () =>
+    scalar(`SELECT count(*)::int AS n FROM ${guards} WHERE pg_xact_status(xid) = 'in progress'`);
+
+  it("sizes its batches by the rows it saw: two batches hold at most maxHeldBytes, and lock no row they do not take", async () => {
+    await big(1, 8000, "hex", true);
+    // The least the option takes: 8 rows of this size, 4 a batch.
+    const maxHeldBytes = 65_536;
+    const { release, state } = await blockingBigWorker(maxHeldBytes);
+    await big(40, 8000, "hex");
+    try {
+      await until(async () => state.started > 0 && state.started === (await heldNow()), "a batch running");
+      // Rows a batch's scan locked but did not take would stay locked, out of every other worker's reach.
+      const lockable = await db.inTransaction(async (c) => {
+        const { rows } = await c.query(
+          `SELECT count(*)::int AS n FROM (SELECT id FROM ${m} FOR UPDATE SKIP LOCKED) AS free`,
+        );
+        return rows[0].n as number;
+      });
+      expect(lockable).toBe(40 - (await heldNow()));
+      await until(async () => (await liveBatches()) === 2, "two batches held");
+      await until(async () => state.started === (await heldNow()), "every held row started");
+      expect(await heldText()).toBeLessThanOrEqual(maxHeldBytes);
+      expect(state.started).toBeGreaterThan(2);
+    } finally {
+      release.open();
+    }
+    await until(async () => (await scalar(`SELECT count(*)::int AS n FROM ${m}`)) === 0, "every row acked");
+  });
+
+  it("counts payload text against maxHeldBytes, not the compressed size the statement reads", async () => {
+    await big(1, 50_000, "repeated", true);
+    const maxHeldBytes = 65_536;
+    const { release, state } = await blockingBigWorker(maxHeldBytes);
+    // 40 rows of 50 kB text, 40 × ~600 B stored: the statement's cut alone would take them all.
+    await big(40, 50_000, "repeated");
+    try {
+      await until(async () => state.started > 0 && state.started === (await heldNow()), "a batch running");
+      // One row over half the budget: the batch takes it alone, and no second batch fits beside it.
+      expect(await heldNow()).toBe(1);
+      expect(await heldText()).toBeLessThanOrEqual(maxHeldBytes);
+    } finally {
+      release.open();
+    }
+    await until(async () => (await scalar(`SELECT count(*)::int AS n FROM ${m}`)) === 0, "every row acked");
+  });
+
   it("refuses queues whose handler runs in its own transaction or keeps an inbox", () => {
     for (const field of ["transaction", "inbox"] as const) {
       expect(() =>
