@@ -107,7 +107,7 @@ WHERE id = ANY ($1::bigint[])`,
     "lease_batch_begin",
     `BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL idle_in_transaction_session_timeout = ${Math.ceil(options.idleTimeoutMs)}${
       options.synchronousCommit ? "" : "; SET LOCAL synchronous_commit = off"
-    }`,
+    }; SAVEPOINT lease_pick`,
   );
   const opts = () => ({ prepared: options.preparedStatements(), timeoutMs });
 
@@ -143,6 +143,14 @@ WHERE id = ANY ($1::bigint[])`,
       } catch (error) {
         client.release(asError(error));
         noticeLost(error);
+        throw error;
+      }
+      try {
+        if (rows.length > 0 && (rows[0] as HeldByTransactionRow).locked > rows.length) {
+          rows = await keepTaken(client, rows);
+        }
+      } catch (error) {
+        client.release(asError(error));
         throw error;
       }
       if (rows.length === 0) {
@@ -197,6 +205,32 @@ WHERE id = ANY ($1::bigint[])`,
       };
     },
   };
+
+  /**
+   * The scans locked rows the cut left out (a queue's share, the byte budget): held until the batch ends,
+   * they would be out of every worker's reach. Rolled back to before the scans (every lock they took goes),
+   * the rows taken are locked again, each only if it is still the version read: a row another worker
+   * changed in between (leased, acked) is dropped from the batch. One round trip (the simple protocol:
+   * the ids and versions are digits from the statement, checked before they are spliced).
+   */
+  async function keepTaken(
+    client: pg.PoolClient,
+    rows: HeldByTransactionRow[],
+  ): Promise<HeldByTransactionRow[]> {
+    const digits = (values: string[]) => {
+      for (const v of values) if (!/^\d+$/.test(v)) throw new OutboxError(`not a row id or version: ${v}`);
+      return `'{${values.join(",")}}'`;
+    };
+    const result = (await client.query({
+      text: `ROLLBACK TO SAVEPOINT lease_pick; SELECT t.id::text AS id FROM ${names.messages} AS t
+JOIN unnest(${digits(rows.map((r) => r.id))}::bigint[], ${digits(rows.map((r) => r.version))}::text[]) AS v(id, version)
+  ON v.id = t.id AND t.xmin::text = v.version
+FOR UPDATE OF t SKIP LOCKED`,
+      query_timeout: timeoutMs,
+    } as pg.QueryConfig)) as unknown as pg.QueryResult<{ id: string }>[];
+    const kept = new Set((result[result.length - 1]?.rows ?? []).map((r) => r.id));
+    return rows.filter((r) => kept.has(r.id));
+  }
 
   async function writeOutcomes(
     client: pg.PoolClient,

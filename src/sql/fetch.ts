@@ -103,6 +103,10 @@ export type HeldByTransactionRow = LeasedRow & {
   lease_token: string | null;
   /** The leasing transaction, for the batch's guard row. */
   xid: string;
+  /** The row version read (xmin): a row locked again must still be this one. */
+  version: string;
+  /** Rows the statement's scans locked, taken or not: more than it returned when its cut left some out. */
+  locked: number;
 };
 
 /**
@@ -121,12 +125,13 @@ export function heldByTransactionStatement(
     "lease_in_transaction",
     `WITH ${pickedCtes(m, oneQueue, { queues: 1, limit: 2, unordered: 3, maxBytes: 4, keep: 5, shares: 6 })}
 SELECT ${LEASED_COLUMNS.replace("t.deliveries_count,", "LEAST(t.deliveries_count, 2147483646) + 1 AS deliveries_count,")},
-       t.acquired_token::text AS lease_token, pg_current_xact_id()::text AS xid
+       t.acquired_token::text AS lease_token, pg_current_xact_id()::text AS xid, t.xmin::text AS version,
+       (SELECT count(*) FROM (SELECT id FROM due UNION ALL SELECT id FROM behind) AS l)::int AS locked
 FROM ${m} AS t
 WHERE t.id = ANY (ARRAY(SELECT id FROM picked))
 ORDER BY t.id`,
-    // Rows a scan locked but the cut left out (the byte budget, a queue's share) stay locked until the
-    // batch ends: skipped by other workers meanwhile, and leased by a later fetch; never lost.
+    // Rows a scan locked but the cut left out (the byte budget, a queue's share) would stay locked until
+    // the batch ends, out of every other worker's reach: the caller then releases them (`locked`).
     (p) => [
       p.queues,
       p.limit,

@@ -253,12 +253,47 @@ describe("leaseMode transaction", () => {
           `SELECT count(*)::int AS n FROM (SELECT id FROM ${m} FOR UPDATE SKIP LOCKED) AS free`,
         );
         return rows[0].n as number;
-      });
+      }, true);
       expect(lockable).toBe(40 - (await heldNow()));
       await until(async () => (await liveBatches()) === 2, "two batches held");
       await until(async () => state.started === (await heldNow()), "every held row started");
       expect(await heldText()).toBeLessThanOrEqual(maxHeldBytes);
       expect(state.started).toBeGreaterThan(2);
+    } finally {
+      release.open();
+    }
+    await until(async () => (await scalar(`SELECT count(*)::int AS n FROM ${m}`)) === 0, "every row acked");
+  });
+
+  it("locks no row it does not take when several queues share a batch", async () => {
+    for (const q of ["qa", "qb", "qc"]) await publish(q, 20);
+    const release = gate();
+    const state = { started: 0 };
+    const handler = async () => {
+      state.started++;
+      await release.opened;
+    };
+    // Each queue's scan may lock up to the whole batch (10): the batch takes 10 of the 30 it locked.
+    await workers.start({
+      ...mode,
+      concurrency: 40,
+      batchSize: 10,
+      queues: { qa: handler, qb: handler, qc: handler },
+    });
+    const lockable = () =>
+      db.inTransaction(async (c) => {
+        const { rows } = await c.query(
+          `SELECT count(*)::int AS n FROM (SELECT id FROM ${m} FOR UPDATE SKIP LOCKED) AS free`,
+        );
+        return rows[0].n as number;
+      }, true);
+    try {
+      await until(async () => state.started > 0 && state.started === (await heldNow()), "a batch running");
+      expect(await lockable()).toBe(60 - (await heldNow()));
+      await until(async () => (await liveBatches()) === 2, "two batches held");
+      await until(async () => state.started === (await heldNow()), "every held row started");
+      expect(await heldNow()).toBe(20);
+      expect(await lockable()).toBe(40);
     } finally {
       release.open();
     }
