@@ -236,6 +236,14 @@ describe("leaseMode transaction", () => {
     scalar(
       `SELECT COALESCE(sum(octet_length(t.payload::text)), 0)::int AS n FROM ${db.names.batchLeases} AS b JOIN ${m} AS t ON t.id = b.id`,
     );
+  /** Rows no transaction holds: what another worker could take now. */
+  const lockable = () =>
+    db.inTransaction(async (c) => {
+      const { rows } = await c.query(
+        `SELECT count(*)::int AS n FROM (SELECT id FROM ${m} FOR UPDATE SKIP LOCKED) AS free`,
+      );
+      return rows[0].n as number;
+    }, true);
   const liveBatches = () =>
     scalar(`SELECT count(*)::int AS n FROM ${guards} WHERE pg_xact_status(xid) = 'in progress'`);
 
@@ -246,19 +254,14 @@ describe("leaseMode transaction", () => {
     const { release, state } = await blockingBigWorker(maxHeldBytes);
     await big(40, 8000, "hex");
     try {
-      await until(async () => state.started > 0 && state.started === (await heldNow()), "a batch running");
-      // Rows a batch's scan locked but did not take would stay locked, out of every other worker's reach.
-      const lockable = await db.inTransaction(async (c) => {
-        const { rows } = await c.query(
-          `SELECT count(*)::int AS n FROM (SELECT id FROM ${m} FOR UPDATE SKIP LOCKED) AS free`,
-        );
-        return rows[0].n as number;
-      }, true);
-      expect(lockable).toBe(40 - (await heldNow()));
+      // Both batches in flight (no third is fetched), every handler of them blocked: what the worker holds
+      // and locks now is all it will.
       await until(async () => (await liveBatches()) === 2, "two batches held");
       await until(async () => state.started === (await heldNow()), "every held row started");
       expect(await heldText()).toBeLessThanOrEqual(maxHeldBytes);
       expect(state.started).toBeGreaterThan(2);
+      // Rows a batch's scan locked but did not take would stay locked, out of every other worker's reach.
+      expect(await lockable()).toBe(40 - state.started);
     } finally {
       release.open();
     }
@@ -280,16 +283,7 @@ describe("leaseMode transaction", () => {
       batchSize: 10,
       queues: { qa: handler, qb: handler, qc: handler },
     });
-    const lockable = () =>
-      db.inTransaction(async (c) => {
-        const { rows } = await c.query(
-          `SELECT count(*)::int AS n FROM (SELECT id FROM ${m} FOR UPDATE SKIP LOCKED) AS free`,
-        );
-        return rows[0].n as number;
-      }, true);
     try {
-      await until(async () => state.started > 0 && state.started === (await heldNow()), "a batch running");
-      expect(await lockable()).toBe(60 - (await heldNow()));
       await until(async () => (await liveBatches()) === 2, "two batches held");
       await until(async () => state.started === (await heldNow()), "every held row started");
       expect(await heldNow()).toBe(20);
@@ -315,6 +309,35 @@ describe("leaseMode transaction", () => {
       release.open();
     }
     await until(async () => (await scalar(`SELECT count(*)::int AS n FROM ${m}`)) === 0, "every row acked");
+  });
+
+  it("a batch's follow-ups wake the workers of their queue at its commit, not at their next poll", async () => {
+    await publish("parent", 3);
+    // Its first poll takes this one: after it, the next poll is a minute away.
+    await db.pool.query(`INSERT INTO ${m} (queue, payload) VALUES ('child', '{"i": -1}')`);
+    const got: number[] = [];
+    // Polls once at start, then only when woken: without a wake-up its rows would wait a minute.
+    await workers.start({
+      listen: true,
+      minPollIntervalMs: 60_000,
+      maxPollIntervalMs: 60_000,
+      queues: {
+        child: (p) => {
+          got.push((p as { i: number }).i);
+        },
+      },
+    });
+    await until(() => got.includes(-1), "the first poll done");
+    await workers.start({
+      ...mode,
+      queues: {
+        parent: (p, msg) => {
+          msg.publish("child", { i: (p as { i: number }).i });
+        },
+      },
+    });
+    await until(() => got.length === 4, "the follow-ups delivered by the woken worker");
+    expect(got.sort()).toEqual([-1, 0, 1, 2]);
   });
 
   it("refuses queues whose handler runs in its own transaction or keeps an inbox", () => {
