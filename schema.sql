@@ -125,14 +125,6 @@ ALTER TABLE outbox.subscriptions ADD CONSTRAINT subscriptions_pkey PRIMARY KEY (
 ALTER TABLE outbox.subscriptions ADD CONSTRAINT subscriptions_queue_check CHECK (queue ~ '^[A-Za-z0-9][A-Za-z0-9._:/-]*$'::text AND octet_length(queue) <= 200);
 CREATE INDEX subscriptions_queue_idx ON outbox.subscriptions USING btree (queue);
 
-CREATE VIEW outbox.batch_leases AS
- SELECT u.id,
-    g.worker,
-    g.created_at
-   FROM outbox.lease_guards g
-     CROSS JOIN LATERAL unnest(g.ids) u(id)
-  WHERE pg_xact_status(g.xid) = 'in progress'::text;
-
 CREATE VIEW outbox.leases AS
  SELECT m.id,
     m.queue,
@@ -147,7 +139,7 @@ UNION ALL
     b.created_at AS acquired_at,
     b.worker AS acquired_by,
     NULL::timestamp with time zone AS lease_expires_at
-   FROM outbox.batch_leases b
+   FROM outbox.batch_leased() b(id, worker, created_at)
      JOIN outbox.messages m ON m.id = b.id;
 
 CREATE VIEW outbox.unprocessed AS
@@ -155,10 +147,13 @@ CREATE VIEW outbox.unprocessed AS
     m.queue,
     m.key,
         CASE
-            WHEN b.id IS NOT NULL THEN 'leased'::text
+            WHEN m.acquired_token IS NULL AND (m.id IN ( SELECT b.id
+               FROM outbox.batch_leased() b(id, worker, created_at))) THEN 'leased'::text
             WHEN m.acquired_token IS NULL AND NOT m.head THEN 'blocked'::text
             WHEN m.acquired_token IS NULL AND m.available_at > now() THEN 'scheduled'::text
             WHEN m.acquired_token IS NULL THEN 'ready'::text
+            WHEN m.lease_expires_at <= now() AND (m.id IN ( SELECT b.id
+               FROM outbox.batch_leased() b(id, worker, created_at))) THEN 'leased'::text
             WHEN m.lease_expires_at <= now() THEN 'lease_expired'::text
             ELSE 'leased'::text
         END AS state,
@@ -167,8 +162,22 @@ CREATE VIEW outbox.unprocessed AS
     m.headers,
     m.created_at,
     m.available_at,
-    COALESCE(m.acquired_at, b.created_at) AS acquired_at,
-    COALESCE(m.acquired_by, b.worker) AS acquired_by,
+        CASE
+            WHEN m.acquired_at IS NULL AND (m.id IN ( SELECT b.id
+               FROM outbox.batch_leased() b(id, worker, created_at))) THEN ( SELECT b.created_at
+               FROM outbox.batch_leased() b(id, worker, created_at)
+              WHERE b.id = m.id
+             LIMIT 1)
+            ELSE m.acquired_at
+        END AS acquired_at,
+        CASE
+            WHEN m.acquired_at IS NULL AND (m.id IN ( SELECT b.id
+               FROM outbox.batch_leased() b(id, worker, created_at))) THEN ( SELECT b.worker
+               FROM outbox.batch_leased() b(id, worker, created_at)
+              WHERE b.id = m.id
+             LIMIT 1)
+            ELSE m.acquired_by
+        END AS acquired_by,
     m.lease_expires_at,
     m.deliveries_count,
     m.attempts_count,
@@ -177,8 +186,7 @@ CREATE VIEW outbox.unprocessed AS
     m.last_error,
     m.failures_count,
     m.head
-   FROM outbox.messages m
-     LEFT JOIN outbox.batch_leases b ON b.id = m.id;
+   FROM outbox.messages m;
 
 CREATE OR REPLACE FUNCTION outbox.ack_key_heads(ids bigint[], tokens uuid[], queues text[], keys text[], hand_off integer, hand_token uuid, lease_ttl_ms double precision, worker_id text, wait_for_flush boolean)
  RETURNS TABLE(kind text, delivery text, id text, queue text, payload text, headers jsonb, key text, created_epoch double precision, deliveries_count integer, attempts_count integer, failures_count integer, first_attempt_at timestamp with time zone, last_attempt_at timestamp with time zone, taken boolean)
@@ -294,6 +302,18 @@ BEGIN
   END IF;
 END
 $function$;
+
+CREATE OR REPLACE FUNCTION outbox.batch_leased()
+ RETURNS TABLE(id bigint, worker text, created_at timestamp with time zone)
+ LANGUAGE sql
+ STABLE PARALLEL SAFE SECURITY DEFINER ROWS 10
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+  SELECT u.id, g.worker, g.created_at
+  FROM outbox.lease_guards AS g CROSS JOIN LATERAL unnest(g.ids) AS u(id)
+  WHERE pg_xact_status(g.xid) = 'in progress'
+$function$;
+REVOKE ALL ON FUNCTION outbox.batch_leased() FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION outbox.cancel(cancel_queue text, cancel_dedupe_key text)
  RETURNS TABLE(status text, id bigint)

@@ -21,7 +21,7 @@ import { outboxNames, quoteLiteral } from "./names.js";
  *   through dead_letter (SECURITY DEFINER: it takes the content from the row the worker holds; the worker
  *   only reads dead_letters, so it cannot forge one) or dead_letter_announced (the same move, and a failure
  *   event built from the dead letter for a queue with announceFailures), EXECUTE on ack_keyed/ack_key_heads/promote_heads/
- *   promote_heads_after, schema_migrations SELECT for the version check, `leases` and `batch_leases` for
+ *   promote_heads_after, schema_migrations SELECT for the version check, `leases` and batch_leased() for
  *   status, the inbox
  *   (SELECT and INSERT; its retention through expire_inbox, SECURITY DEFINER). No INSERT on messages, no
  *   DDL, no TRUNCATE. With expire: EXECUTE on expire_dead_letters (SECURITY DEFINER), for the service's
@@ -32,7 +32,7 @@ import { outboxNames, quoteLiteral } from "./names.js";
  *   topic_matcher (the generated `matcher` column calls it as the inserting role); no UPDATE or DELETE.
  * - inspector: the `unprocessed` view (peek; a view reads its table with its owner's rights), the columns of
  *   messages that `status` and the replay preview read (no payload, headers, error or lease token), the
- *   `leases` and `batch_leases` views (who holds what, without tokens), dead_letters SELECT, subscriptions SELECT (who receives
+ *   `leases` view and batch_leased() (who holds what, without tokens), dead_letters SELECT, subscriptions SELECT (who receives
  *   what), inbox SELECT (what was handled), EXECUTE on topic_queues (the preview of kept topic events), schema_migrations SELECT (the version
  *   check every command runs first). With repair: replay (INSERT into messages with the dead letter's own
  *   id, DELETE from dead_letters; its FOR UPDATE needs UPDATE on one column; EXECUTE on route_unrouted,
@@ -147,7 +147,11 @@ export const REPAIR_INSERT_COLUMNS = [
 /** The key-head trigger fires on a replay's keyed rows too and reads these (beyond the inspector's). */
 export const REPAIR_SELECT_COLUMNS = ["key"] as const;
 /** The replay preview counts the queues a kept topic event would reach now. */
-export const INSPECTOR_FUNCTIONS = ["topic_queues(text)"] as const;
+export const INSPECTOR_FUNCTIONS = [
+  "topic_queues(text)",
+  // The rows transaction-held batches hold (migration 0024): status, peek and the leases view call it.
+  "batch_leased()",
+] as const;
 /** Replay fans kept topic events out to their subscribers of now. */
 export const REPAIR_FUNCTIONS = ["route_unrouted(bigint[])"] as const;
 /** What an idempotent subscribe writes, and reads as its ON CONFLICT arbiter. */
@@ -174,6 +178,9 @@ export const WORKER_FUNCTIONS = [
   // The replay preview (`dead-letters replay --dry-run`, the console's) asks where kept topic events would
   // go: queue names only, which the worker reads in every message anyway.
   "topic_queues(text)",
+  // The rows transaction-held batches hold (migration 0024): status, the metrics' gauges, the unserved-queue
+  // check and the leases view call it.
+  "batch_leased()",
 ] as const;
 
 /**
@@ -214,18 +221,18 @@ export const READ_RIGHTS = {
   status: [
     table("messages", "SELECT", INSPECTOR_SELECT_COLUMNS),
     table("leases", "SELECT"),
-    table("batch_leases", "SELECT"),
+    fn("batch_leased()"),
     table("dead_letters", "SELECT"),
   ],
   /** `peek`: the `unprocessed` view (--inspector). */
-  peek: [table("unprocessed", "SELECT")],
+  peek: [table("unprocessed", "SELECT"), fn("batch_leased()")],
   /** `dead-letters list|show` (--worker or --inspector). */
   deadLetters: [table("dead_letters", "SELECT")],
   /** `dead-letters replay --dry-run` (--worker or --inspector). */
   replayPreview: [
     table("dead_letters", "SELECT"),
     table("messages", "SELECT", ["id"]),
-    ...INSPECTOR_FUNCTIONS.map(fn),
+    fn("topic_queues(text)"),
   ],
 } as const satisfies Record<string, readonly Right[]>;
 
@@ -248,8 +255,6 @@ const RIGHTS: Readonly<Record<GrantOption, readonly Right[]>> = {
     // Read only: the move writes dead letters as the schema's owner (dead_letter).
     table("dead_letters", "SELECT"),
     table("leases", "SELECT"),
-    // Status and the unserved-queue check: the rows transaction-held batches hold (migration 0024).
-    table("batch_leases", "SELECT"),
     ...WORKER_FUNCTIONS.map(fn),
     // Transaction-held leases (migration 0023): a guard per batch, its repair after a crash.
     table("lease_guards", "SELECT"),
@@ -277,7 +282,6 @@ const RIGHTS: Readonly<Record<GrantOption, readonly Right[]>> = {
     table("unprocessed", "SELECT"),
     table("messages", "SELECT", INSPECTOR_SELECT_COLUMNS),
     table("leases", "SELECT"),
-    table("batch_leases", "SELECT"),
     table("dead_letters", "SELECT"),
     table("subscriptions", "SELECT"),
     // Which messages a queue's inbox holds as handled (a person asking why one was deduped).

@@ -39,11 +39,7 @@ export interface QueueStatusRow {
 export function queueStatusStatement(names: OutboxNames): Query<NoParams, QueueStatusRow> {
   return defineQuery(
     "queue_status",
-    `WITH r AS (
-  -- A transaction-held batch's rows carry no lease: their batch's live guard says they are held.
-  SELECT t.queue, t.head, t.available_at, t.acquired_at, t.lease_expires_at, b.id IS NOT NULL AS batched
-  FROM ${names.messages} AS t LEFT JOIN ${names.batchLeases} AS b ON b.id = t.id
-), m AS (
+    `WITH m AS (
   SELECT queue,
          count(*) FILTER (WHERE acquired_at IS NULL AND NOT batched AND head AND available_at <= now())::int AS ready,
          count(*) FILTER (WHERE acquired_at IS NULL AND NOT batched AND NOT head)::int AS blocked,
@@ -52,7 +48,14 @@ export function queueStatusStatement(names: OutboxNames): Query<NoParams, QueueS
          count(*) FILTER (WHERE acquired_at IS NOT NULL AND lease_expires_at <= now())::int AS expired,
          extract(epoch FROM now() - min(available_at)
                  FILTER (WHERE acquired_at IS NULL AND NOT batched AND head AND available_at <= now()))::float8 AS oldest_ready_age_s
-  FROM r
+  FROM (
+    -- A transaction-held batch's rows carry no lease: their batch's live guard says they are held. A
+    -- hashed set of the few rows held, probed per row: a join would be planned as a merge along the
+    -- primary key, about twice as slow on a large backlog.
+    SELECT t.queue, t.head, t.available_at, t.acquired_at, t.lease_expires_at,
+           t.id IN (SELECT b.id FROM ${names.batchLeased} AS b) AS batched
+    FROM ${names.messages} AS t
+  ) AS r
   GROUP BY queue
 ), d AS (
   SELECT queue, count(*)::int AS dead, extract(epoch FROM now() - min(dead_at))::float8 AS oldest_dead_age_s
@@ -112,7 +115,7 @@ SELECT q.queue, extract(epoch FROM now() - r.available_at)::float8 AS oldest_rea
                        WHERE l.queue = q.queue AND l.head
                        ORDER BY l.available_at, l.id LIMIT ${LEASE_CHECK_ROWS}) AS f), false)
        -- Transaction-held batches write no lease: a live guard naming a row of the queue is its worker.
-       OR EXISTS (SELECT 1 FROM ${names.batchLeases} AS b JOIN ${names.messages} AS x ON x.id = b.id
+       OR EXISTS (SELECT 1 FROM ${names.batchLeased} AS b JOIN ${names.messages} AS x ON x.id = b.id
                   WHERE x.queue = q.queue) AS leased
 FROM queues AS q
 CROSS JOIN LATERAL (

@@ -30,8 +30,11 @@ export interface OutboxNames {
   readonly unprocessed: string;
   /** The leased rows without their tokens, for `status` (migration 0015). */
   readonly leases: string;
-  /** The rows transaction-held batches (leaseMode "transaction") hold now, with their worker (migration 0024). */
-  readonly batchLeases: string;
+  /**
+   * The rows transaction-held batches (leaseMode "transaction") hold now, with their worker: a function call
+   * to read FROM like a table (`batch_leased()`, migration 0024).
+   */
+  readonly batchLeased: string;
   /** The worker inbox: which (consumer, dedupe key) was handled (migration 0016). */
   readonly inbox: string;
   readonly migrationsTable: string;
@@ -84,7 +87,7 @@ export function outboxNames(schema: string = DEFAULT_SCHEMA): OutboxNames {
     subscriptions: `${quotedSchema}.subscriptions`,
     unprocessed: `${quotedSchema}.unprocessed`,
     leases: `${quotedSchema}.leases`,
-    batchLeases: `${quotedSchema}.batch_leases`,
+    batchLeased: `${quotedSchema}.batch_leased()`,
     inbox: `${quotedSchema}.inbox`,
     migrationsTable: `${quotedSchema}.schema_migrations`,
   };

@@ -216,7 +216,6 @@ describe("outbox-worker grant: what each role holds", () => {
       "messages: DELETE",
       "dead_letters: SELECT",
       "leases: SELECT",
-      "batch_leases: SELECT",
       "schema_migrations: SELECT",
       "ack_keyed: EXECUTE",
       "ack_key_heads: EXECUTE",
@@ -225,6 +224,7 @@ describe("outbox-worker grant: what each role holds", () => {
       "dead_letter: EXECUTE",
       "dead_letter_announced: EXECUTE",
       "topic_queues: EXECUTE",
+      "batch_leased: EXECUTE",
       "inbox: SELECT",
       "inbox: INSERT",
       "expire_inbox: EXECUTE",
@@ -254,7 +254,7 @@ describe("outbox-worker grant: what each role holds", () => {
       "schema_migrations: SELECT",
       "unprocessed: SELECT",
       "leases: SELECT",
-      "batch_leases: SELECT",
+      "batch_leased: EXECUTE",
       "dead_letters: SELECT",
       ...columns("messages", INSPECTOR_SELECT_COLUMNS, "SELECT"),
       "subscriptions: SELECT",
@@ -288,6 +288,7 @@ describe("outbox-worker grant: what each role holds", () => {
       [schema],
     );
     expect(definers.map((f) => f.proname)).toEqual([
+      "batch_leased",
       "cancel",
       "dead_letter",
       "dead_letter_announced",
@@ -400,7 +401,7 @@ describe("upgrading a schema whose rights were granted", () => {
 });
 
 describe("upgrading to batch leases (migration 0024)", () => {
-  it("gives batch_leases to the roles that read leases, so status keeps working until grant runs again", async () => {
+  it("gives batch_leased() to the roles that read leases, so status and peek keep working until grant runs again", async () => {
     const upgraded = `${schema}_batches`;
     await db.pool.query(`DROP SCHEMA IF EXISTS "${upgraded}" CASCADE`);
     try {
@@ -412,15 +413,16 @@ describe("upgrading to batch leases (migration 0024)", () => {
       const s = `"${upgraded}"`;
       // What `grant --inspector` of the release before 0024 gave for status.
       await db.pool.query(`GRANT USAGE ON SCHEMA ${s} TO "${role.inspector}", "${role.producer}";
-        GRANT SELECT ON ${s}.schema_migrations, ${s}.leases, ${s}.dead_letters TO "${role.inspector}";
+        GRANT SELECT ON ${s}.schema_migrations, ${s}.leases, ${s}.unprocessed, ${s}.dead_letters TO "${role.inspector}";
         GRANT SELECT (${INSPECTOR_SELECT_COLUMNS.join(", ")}) ON ${s}.messages TO "${role.inspector}"`);
       await migrate({ connection: db.pool, schema: upgraded });
       expect(await queueStatus(inspector, upgraded)).toEqual([]);
+      expect(await peekMessages(inspector, upgraded, {})).toEqual([]);
       const may = async (who: string) =>
         (
-          await db.pool.query<{ ok: boolean }>("SELECT has_table_privilege($1, $2, 'SELECT') AS ok", [
+          await db.pool.query<{ ok: boolean }>("SELECT has_function_privilege($1, $2, 'EXECUTE') AS ok", [
             who,
-            `${s}.batch_leases`,
+            `${s}.batch_leased()`,
           ])
         ).rows[0]?.ok;
       expect(await may(role.inspector)).toBe(true);
@@ -1506,7 +1508,7 @@ describe("every right is needed", () => {
       op: deadAnnounced,
     },
     { right: `SELECT ON ${names.leases}`, of: role.worker, op: () => workerLeases(worker, schema) },
-    { right: `SELECT ON ${names.batchLeases}`, of: role.worker, op: () => queueStatus(worker, schema) },
+    { right: `EXECUTE ON ${fn("batch_leased()")}`, of: role.worker, op: () => queueStatus(worker, schema) },
     {
       right: `SELECT ON ${names.migrationsTable}`,
       of: role.worker,
@@ -1580,7 +1582,11 @@ describe("every right is needed", () => {
       op: () => runQuery(expirer, expireDeadLettersStatement(names), { olderThanMs: 3_600_000, limit: 10 }),
     },
     { right: `SELECT ON ${names.leases}`, of: role.inspector, op: () => workerLeases(inspector, schema) },
-    { right: `SELECT ON ${names.batchLeases}`, of: role.inspector, op: () => queueStatus(inspector, schema) },
+    {
+      right: `EXECUTE ON ${fn("batch_leased()")}`,
+      of: role.inspector,
+      op: () => queueStatus(inspector, schema),
+    },
     {
       // The version check every command makes first, as `run` does.
       right: `SELECT ON ${names.migrationsTable}`,

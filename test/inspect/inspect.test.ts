@@ -329,7 +329,7 @@ describe("outbox-worker status: topics", () => {
       await db.pool.query(`GRANT USAGE ON SCHEMA ${quotedSchema} TO ${role}`);
       // What status reads (and its version check), subscriptions left out.
       await db.pool.query(
-        `GRANT SELECT ON ${messages}, ${deadLetters}, ${quotedSchema}.leases, ${quotedSchema}.batch_leases, ${quotedSchema}.schema_migrations TO ${role}`,
+        `GRANT SELECT ON ${messages}, ${deadLetters}, ${quotedSchema}.leases, ${quotedSchema}.schema_migrations TO ${role}; GRANT EXECUTE ON FUNCTION ${quotedSchema}.batch_leased() TO ${role}`,
       );
       const out = await cli(["status", "--schema", schema], { PGOPTIONS: `-c role=${role}` });
       expect(out.stderr).toBe("");

@@ -312,7 +312,7 @@ describe("metrics", () => {
     });
     await db.pool.query(`GRANT USAGE ON SCHEMA ${quotedSchema} TO ${role}`);
     await db.pool.query(
-      `GRANT SELECT ON ${messages}, ${deadLetters}, ${quotedSchema}.batch_leases TO ${role}`,
+      `GRANT SELECT ON ${messages}, ${deadLetters} TO ${role}; GRANT EXECUTE ON FUNCTION ${quotedSchema}.batch_leased() TO ${role}`,
     );
     const metrics = createMetrics({ pool, schema, collectDefault: false, logger: silent });
     cleanups.push(() => metrics.stop());

@@ -231,10 +231,10 @@ describe("leaseMode transaction", () => {
     return { release, state };
   }
 
-  const heldNow = () => scalar(`SELECT count(*)::int AS n FROM ${db.names.batchLeases}`);
+  const heldNow = () => scalar(`SELECT count(*)::int AS n FROM ${db.names.batchLeased}`);
   const heldText = () =>
     scalar(
-      `SELECT COALESCE(sum(octet_length(t.payload::text)), 0)::int AS n FROM ${db.names.batchLeases} AS b JOIN ${m} AS t ON t.id = b.id`,
+      `SELECT COALESCE(sum(octet_length(t.payload::text)), 0)::int AS n FROM ${db.names.batchLeased} AS b JOIN ${m} AS t ON t.id = b.id`,
     );
   /** Rows no transaction holds: what another worker could take now. */
   const lockable = () =>
