@@ -72,9 +72,8 @@ export function createBatchEngine(deps: BatchEngineDeps): Engine {
   const unrepaired = new Set<string>();
 
   // The byte budget bounds the payload text held (as the token engine's prefetch does), each batch half of
-  // it so that two can run. Sized by the rows recent batches brought, a batch also locks no more rows than
-  // it takes: a row its scan locked but the statement's cut left out would stay locked, out of every other
-  // worker's reach, until the batch ends.
+  // it so that two can run. Sized by the rows recent batches brought, a batch's scans seldom lock rows the
+  // statement's cut then leaves out (those cost the batch a round trip to release: pg-batch keepTaken).
   let heldBytes = 0;
   const rowSize = new RowSize();
   const batchBudget = () =>
