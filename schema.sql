@@ -143,49 +143,49 @@ UNION ALL
      JOIN outbox.messages m ON m.id = b.id;
 
 CREATE VIEW outbox.unprocessed AS
- SELECT m.id,
-    m.queue,
-    m.key,
+ SELECT id,
+    queue,
+    key,
         CASE
-            WHEN m.acquired_token IS NULL AND (m.id IN ( SELECT b.id
+            WHEN acquired_token IS NULL AND (id IN ( SELECT b.id
                FROM outbox.batch_leased() b(id, worker, created_at))) THEN 'leased'::text
-            WHEN m.acquired_token IS NULL AND NOT m.head THEN 'blocked'::text
-            WHEN m.acquired_token IS NULL AND m.available_at > now() THEN 'scheduled'::text
-            WHEN m.acquired_token IS NULL THEN 'ready'::text
-            WHEN m.lease_expires_at <= now() AND (m.id IN ( SELECT b.id
+            WHEN acquired_token IS NULL AND NOT head THEN 'blocked'::text
+            WHEN acquired_token IS NULL AND available_at > now() THEN 'scheduled'::text
+            WHEN acquired_token IS NULL THEN 'ready'::text
+            WHEN lease_expires_at <= now() AND (id IN ( SELECT b.id
                FROM outbox.batch_leased() b(id, worker, created_at))) THEN 'leased'::text
-            WHEN m.lease_expires_at <= now() THEN 'lease_expired'::text
+            WHEN lease_expires_at <= now() THEN 'lease_expired'::text
             ELSE 'leased'::text
         END AS state,
-    now() - m.created_at AS age,
-    m.payload,
-    m.headers,
-    m.created_at,
-    m.available_at,
+    now() - created_at AS age,
+    payload,
+    headers,
+    created_at,
+    available_at,
         CASE
-            WHEN m.acquired_at IS NULL AND (m.id IN ( SELECT b.id
+            WHEN acquired_at IS NULL AND (id IN ( SELECT b.id
                FROM outbox.batch_leased() b(id, worker, created_at))) THEN ( SELECT b.created_at
                FROM outbox.batch_leased() b(id, worker, created_at)
               WHERE b.id = m.id
              LIMIT 1)
-            ELSE m.acquired_at
+            ELSE acquired_at
         END AS acquired_at,
         CASE
-            WHEN m.acquired_at IS NULL AND (m.id IN ( SELECT b.id
+            WHEN acquired_at IS NULL AND (id IN ( SELECT b.id
                FROM outbox.batch_leased() b(id, worker, created_at))) THEN ( SELECT b.worker
                FROM outbox.batch_leased() b(id, worker, created_at)
               WHERE b.id = m.id
              LIMIT 1)
-            ELSE m.acquired_by
+            ELSE acquired_by
         END AS acquired_by,
-    m.lease_expires_at,
-    m.deliveries_count,
-    m.attempts_count,
-    m.first_attempt_at,
-    m.last_attempt_at,
-    m.last_error,
-    m.failures_count,
-    m.head
+    lease_expires_at,
+    deliveries_count,
+    attempts_count,
+    first_attempt_at,
+    last_attempt_at,
+    last_error,
+    failures_count,
+    head
    FROM outbox.messages m;
 
 CREATE OR REPLACE FUNCTION outbox.ack_key_heads(ids bigint[], tokens uuid[], queues text[], keys text[], hand_off integer, hand_token uuid, lease_ttl_ms double precision, worker_id text, wait_for_flush boolean)

@@ -116,13 +116,36 @@ export async function dumpSchema(client: pg.ClientBase | pg.Pool, schema: string
 /**
  * Postgres 16 stopped qualifying the columns of a view over one table (`m.id` became `id`): the dump writes
  * them unqualified on every version. Only a query with one FROM item and no join is touched, so a column
- * name can never become ambiguous.
+ * name can never become ambiguous. Subqueries (`( SELECT …)`) keep their qualifiers on every version: they
+ * are set aside while the outer query is read, and put back unchanged.
  */
 function unqualified(definition: string): string {
-  const from = [...definition.matchAll(/\bFROM\s+[\w."]+\s+(?:AS\s+)?([a-z_][a-z0-9_]*)\b/gi)];
-  if (from.length !== 1 || /\bJOIN\b|\bFROM\b[^;]*,/i.test(definition)) return definition;
+  const subqueries: string[] = [];
+  const outer = withoutSubqueries(definition, subqueries);
+  const from = [...outer.matchAll(/\bFROM\s+[\w."]+\s+(?:AS\s+)?([a-z_][a-z0-9_]*)\b/gi)];
+  if (from.length !== 1 || /\bJOIN\b|\bFROM\b[^;]*,/i.test(outer)) return definition;
   const alias = from[0]?.[1] as string;
-  return definition.replace(new RegExp(`(?<![\\w."])${alias}\\.(?=[a-z_"])`, "g"), "");
+  return outer
+    .replace(new RegExp(`(?<![\\w."])${alias}\\.(?=[a-z_"])`, "g"), "")
+    .replace(/⟦(\d+)⟧/g, (_, i: string) => subqueries[Number(i)] as string);
+}
+
+/** `text` with each `( SELECT …)` (to its matching parenthesis) replaced by a numbered mark, kept in `out`. */
+function withoutSubqueries(text: string, out: string[]): string {
+  let result = "";
+  let at = 0;
+  for (let start = text.indexOf("( SELECT", at); start >= 0; start = text.indexOf("( SELECT", at)) {
+    let depth = 0;
+    let end = start;
+    for (; end < text.length; end++) {
+      if (text[end] === "(") depth++;
+      else if (text[end] === ")" && --depth === 0) break;
+    }
+    result += `${text.slice(at, start)}⟦${out.length}⟧`;
+    out.push(text.slice(start, end + 1));
+    at = end + 1;
+  }
+  return result + text.slice(at);
 }
 
 const quoteIdent = (name: string) =>
