@@ -113,9 +113,8 @@ export type HeldByTransactionRow = LeasedRow & {
  * The lease of a transaction-held batch (leaseMode "transaction"): the same rows `fetchStatement` would
  * lease, locked FOR UPDATE by the caller's open transaction instead of written. The lock is the lease:
  * other workers' fetches skip the rows until that transaction ends, and a crash or a lost connection ends
- * it (the server rolls it back). `deliveries_count` reads as the token lease would have written it (+1),
- * plus the crashed batches that held the row and are not counted yet; the count is written only with a
- * retry or a dead-letter move, or by the guard's repair after a crash.
+ * it (the server rolls it back). `deliveries_count` reads as the token lease would have written it (+1);
+ * the count is written only with a retry or a dead-letter move, or by the guard's repair after a crash.
  */
 export function heldByTransactionStatement(
   names: OutboxNames,
@@ -124,23 +123,11 @@ export function heldByTransactionStatement(
   const m = names.messages;
   return defineQuery(
     "lease_in_transaction",
-    `WITH ${pickedCtes(m, oneQueue, { queues: 1, limit: 2, unordered: 3, maxBytes: 4, keep: 5, shares: 6 })}, crashed AS (
-  -- Batches that died holding a row and that no repair has counted yet (lease_guards, src/worker/guard-repair.ts):
-  -- another worker's crash is counted by the next repair, which may come after this delivery. Counted here
-  -- too (read, not written: the repair still writes them), so the crash-loop guard is not late. A repair
-  -- committing between this statement's snapshot and its lock on a row is counted twice: early, never late.
-  -- Nearly always no guard has ended, and the guards are one row per batch in flight.
-  SELECT u.id, count(*) AS n FROM ${names.quotedSchema}.lease_guards AS g CROSS JOIN LATERAL unnest(g.ids) AS u(id)
-  WHERE pg_xact_status(g.xid) IS DISTINCT FROM 'in progress'
-  GROUP BY u.id
-)
-SELECT ${LEASED_COLUMNS.replace(
-      "t.deliveries_count,",
-      "LEAST(t.deliveries_count::bigint + 1 + COALESCE(c.n, 0), 2147483647)::int AS deliveries_count,",
-    )},
+    `WITH ${pickedCtes(m, oneQueue, { queues: 1, limit: 2, unordered: 3, maxBytes: 4, keep: 5, shares: 6 })}
+SELECT ${LEASED_COLUMNS.replace("t.deliveries_count,", "LEAST(t.deliveries_count, 2147483646) + 1 AS deliveries_count,")},
        t.acquired_token::text AS lease_token, pg_current_xact_id()::text AS xid, t.xmin::text AS version,
        (SELECT count(*) FROM (SELECT id FROM due UNION ALL SELECT id FROM behind) AS l)::int AS locked
-FROM ${m} AS t LEFT JOIN crashed AS c ON c.id = t.id
+FROM ${m} AS t
 WHERE t.id = ANY (ARRAY(SELECT id FROM picked))
 ORDER BY t.id`,
     // Rows a scan locked but the cut left out (the byte budget, a queue's share) would stay locked until

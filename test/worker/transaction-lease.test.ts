@@ -75,55 +75,6 @@ describe("leaseMode transaction", () => {
     );
   });
 
-  it("counts the deliveries of crashed batches no repair has counted yet: the crash-loop guard is not late", async () => {
-    const deliveries: number[] = [];
-    const ranPastLimit: number[] = [];
-    await workers.start({
-      ...mode,
-      maxDeliveries: 2,
-      queues: {
-        once: async (_p, msg) => {
-          deliveries.push(msg.deliveries);
-        },
-        twice: async (_p, msg) => {
-          ranPastLimit.push(msg.deliveries);
-        },
-      },
-    });
-    // Its start's repair has run (before its first fetch); the next runs a lease TTL from now. Meanwhile
-    // batches of another worker died holding these rows: their guards name them, uncounted. Rows and guards
-    // commit together, so the worker never sees the rows without them.
-    const died = async () => {
-      const c = await db.pool.connect();
-      try {
-        await c.query("BEGIN");
-        const { rows } = await c.query("SELECT pg_current_xact_id()::text AS xid");
-        await c.query("ROLLBACK");
-        return rows[0].xid as string;
-      } finally {
-        c.release();
-      }
-    };
-    const xids = [await died(), await died(), await died()];
-    const [, twice] = await db.inTransaction(async (c) => {
-      const a = await outbox.publish(c, "once", { n: 1 });
-      const b = await outbox.publish(c, "twice", { n: 2 });
-      for (const [i, id] of [a, b, b].entries()) {
-        await c.query(
-          `INSERT INTO ${guards} (ids, xid, worker) VALUES ($1::bigint[], $2::xid8, 'elsewhere')`,
-          [[id], xids[i]],
-        );
-      }
-      return [a, b];
-    });
-    await until(async () => (await scalar(`SELECT count(*)::int AS n FROM ${m}`)) === 0, "both rows done");
-    // One crash before it: this is its second delivery. Two crashes before it: past maxDeliveries, never run.
-    expect(deliveries).toEqual([2]);
-    expect(ranPastLimit).toEqual([]);
-    const dead = (await db.pool.query(`SELECT id::text, reason FROM ${db.names.deadLetters}`)).rows;
-    expect(dead).toEqual([{ id: twice, reason: "max_deliveries" }]);
-  });
-
   it("a row in a running batch is skipped by other workers (token or transaction mode), and counted as delivered once", async () => {
     const [id] = await publish("q", 1);
     const release = gate();
