@@ -10,21 +10,16 @@
  *   node --import tsx bench/prototypes/lease-columns.ts [--rounds 5]
  */
 import { readFileSync } from "node:fs";
-import pg from "pg";
-import { migrate } from "../../src/migrate/migrator.js";
+import type pg from "pg";
 import { LEASED_COLUMNS } from "../../src/sql/fetch.js";
-import { outboxNames } from "../../src/sql/names.js";
-import { arg, DATABASE_URL, median, PAYLOAD_SQL } from "../lib.js";
+import { arg, median, PAYLOAD_SQL } from "../lib.js";
+import { freshSchema } from "./schema.js";
 
 const rounds = Number(arg("rounds", "5"));
 const PER_ROUND = 300;
 const ROWS = 500;
 const schema = "bench_lease_columns";
-const m = outboxNames(schema).messages;
-const client = new pg.Client({ connectionString: DATABASE_URL });
-await client.connect();
-await client.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
-await migrate({ connection: DATABASE_URL, schema });
+const { client, messages: m } = await freshSchema(schema);
 await client.query(
   `INSERT INTO ${m} (queue, payload) SELECT 'bench', ${PAYLOAD_SQL} FROM generate_series(1, ${ROWS}) AS g`,
 );

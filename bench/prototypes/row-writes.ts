@@ -10,18 +10,12 @@
  *   node --import tsx bench/prototypes/row-writes.ts --rounds 40
  */
 import { randomUUID } from "node:crypto";
-import pg from "pg";
-import { migrate } from "../../src/migrate/migrator.js";
-import { outboxNames } from "../../src/sql/names.js";
-import { arg, DATABASE_URL, median } from "../lib.js";
+import { arg, median } from "../lib.js";
+import { freshSchema } from "./schema.js";
 
 const rounds = Number(arg("rounds", "40"));
 const schema = "bench_row_writes";
-const m = outboxNames(schema).messages;
-const client = new pg.Client({ connectionString: DATABASE_URL });
-await client.connect();
-await client.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
-await migrate({ connection: DATABASE_URL, schema });
+const { client, messages: m } = await freshSchema(schema);
 await client.query(
   `INSERT INTO ${m} (queue, payload, key)
    SELECT 'q', '{"n": 1, "pad": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}',
