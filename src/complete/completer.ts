@@ -33,7 +33,8 @@ export interface CompleterDeps {
    */
   handOff?: {
     reserve(upTo: number): number;
-    settle(reserved: number, lease: Lease | undefined): void;
+    /** `sentAt`: performance.now() before the write was sent (the hand-off's lease is at least that new). */
+    settle(reserved: number, lease: Lease | undefined, sentAt: number): void;
   };
   onError(error: Error, consecutive: number): void;
   onFatal(error: Error): void;
@@ -304,6 +305,7 @@ export class Completer {
     // At most one new head per keyed delivery completed: keyless ones hand nothing on.
     const keyed = items.reduce((n, o) => (o.held.row.key === null ? n : n + 1), 0);
     const room = keyed === 0 ? 0 : (handOff?.reserve(keyed) ?? 0);
+    const sentAt = performance.now();
     let lease: Lease | undefined;
     try {
       const landed =
@@ -316,7 +318,7 @@ export class Completer {
       lease = handedOffBy(error);
       throw error;
     } finally {
-      handOff?.settle(room, lease);
+      handOff?.settle(room, lease, sentAt);
     }
   }
 }

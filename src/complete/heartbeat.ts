@@ -9,6 +9,8 @@ import type { Landed, LeaseStore } from "../lease/store.js";
 
 export interface HeartbeatDeps {
   intervalMs: number;
+  /** How long after a renewal was sent its rows count as confirmed ours (lease TTL less a margin). */
+  confirmedForMs: number;
   collect(): HeldRow[];
   store: Pick<LeaseStore, "renew">;
   lost(held: HeldRow): void;
@@ -21,6 +23,8 @@ export class Heartbeat {
   #failures = 0;
   #stopped = false;
   #beating: Promise<void> = Promise.resolve();
+  /** A renewal asked for now (a stale row waits to start): shared by every caller while in flight. */
+  #asked: Promise<void> | undefined;
 
   constructor(private readonly deps: HeartbeatDeps) {}
 
@@ -41,10 +45,20 @@ export class Heartbeat {
     }, this.deps.intervalMs);
   }
 
+  /** A renewal now, shared with any other caller asking while it is in flight. */
+  beatNow(): Promise<void> {
+    this.#asked ??= this.beat().finally(() => {
+      this.#asked = undefined;
+    });
+    return this.#asked;
+  }
+
   /** One renewal now (also used by tests). */
   async beat(): Promise<void> {
     const rows = this.deps.collect();
     if (rows.length === 0) return;
+    // Sent now: the server's new expiry is at least this plus the TTL, whenever the answer comes back.
+    const sent = performance.now();
     let kept: Landed;
     try {
       kept = await this.deps.store.renew(rows);
@@ -57,7 +71,10 @@ export class Heartbeat {
     this.#failures = 0;
     for (const held of rows) {
       // A row whose completion write started meanwhile may be gone because of that write, not a takeover.
-      if (kept.has(held)) continue;
+      if (kept.has(held)) {
+        held.validUntil = sent + this.deps.confirmedForMs;
+        continue;
+      }
       if (held.writing || !isLive(held)) continue;
       this.deps.lost(held);
     }

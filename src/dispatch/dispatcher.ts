@@ -12,7 +12,15 @@ import { type InboxRecord, type InboxStore, MAX_INBOX_KEY_LENGTH } from "../cont
 import type { PublishOptions } from "../contract/publish-options.js";
 import type { QueueDefinition } from "../contract/queue.js";
 import { TOPIC_HEADER } from "../contract/topic.js";
-import { abortHeld, type HeldRow, heldSignal, lose, startCompleting, startRunning } from "../lease/held.js";
+import {
+  abortHeld,
+  confirmedNow,
+  type HeldRow,
+  heldSignal,
+  lose,
+  startCompleting,
+  startRunning,
+} from "../lease/held.js";
 import type { Outcome, OutcomeOf } from "../lease/outcome.js";
 import { followUpsRefused, type LeaseTransaction, type RowFate } from "../lease/store.js";
 import type { RetryStrategy } from "../retry/strategies.js";
@@ -41,6 +49,11 @@ export interface DispatcherDeps {
   /** The inbox of queues configured with one; undefined when no queue has one (nothing is asked). */
   inbox?: Pick<InboxStore, "seen">;
   dispatched(held: HeldRow): void;
+  /**
+   * A queued delivery whose confirmation ran out (`validUntil` passed: the process was frozen, or renewals
+   * failed): ask the database again → whether it is still ours. False: it was dropped (not started).
+   */
+  confirm(held: HeldRow): Promise<boolean>;
   /** A retry strategy returned something unusable; the default was used instead. */
   strategyProblem(held: HeldRow, problem: string): void;
   /**
@@ -278,6 +291,9 @@ export class Dispatcher {
       inbox = checked.record;
     }
 
+    // A worker frozen past its lease (SIGSTOP, a VM pause, a long GC) may no longer own a row it queued:
+    // another worker can have run it, and its key's next rows, already. Never start one unconfirmed.
+    if (!confirmedNow(held) && !(await this.deps.confirm(held))) return undefined;
     if (!startRunning(held, performance.now())) return undefined;
     const running: Running = {
       deadline: held.startedAt + queue.timeoutMs,

@@ -41,12 +41,23 @@ export interface HeldRow extends Delivery {
   /** Created on first use of the handler's signal: most handlers never read it, and it costs per message. */
   controller: AbortController | undefined;
   startedAt: number;
+  /**
+   * Until when (performance.now(), a monotonic clock) the database has confirmed this delivery is still
+   * ours: the send time of the last statement that leased or renewed it, plus the lease's life, less a
+   * margin. A worker frozen past it (SIGSTOP, a VM pause, a long GC) must confirm before it starts the row:
+   * another worker may have taken it meanwhile (see `mayStart`).
+   */
+  validUntil: number;
 }
 
 type Mutable = { -readonly [K in keyof HeldRow]: HeldRow[K] };
 
-/** The deliveries of one lease, all queued. */
-export function heldRows(token: string, rows: readonly LeasedRow[]): HeldRow[] {
+/** The deliveries of one lease, all queued, confirmed ours until `validUntil` (monotonic ms). */
+export function heldRows(
+  token: string,
+  rows: readonly LeasedRow[],
+  validUntil = Number.POSITIVE_INFINITY,
+): HeldRow[] {
   return rows.map((row) => ({
     id: row.id,
     token,
@@ -57,6 +68,7 @@ export function heldRows(token: string, rows: readonly LeasedRow[]): HeldRow[] {
     writing: false,
     controller: undefined,
     startedAt: 0,
+    validUntil,
   }));
 }
 
@@ -91,6 +103,11 @@ export function lose(held: HeldRow, reason: Error): boolean {
   (held as Mutable).state = "lost";
   abortHeld(held, reason);
   return true;
+}
+
+/** Whether the database's last word on this delivery still vouches for it now (monotonic clock). */
+export function confirmedNow(held: HeldRow): boolean {
+  return performance.now() < held.validUntil;
 }
 
 /** The signal handed to the handler; created lazily. */

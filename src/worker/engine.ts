@@ -6,8 +6,9 @@ import type { InboxStore } from "../contract/inbox.js";
 import { Dispatcher } from "../dispatch/dispatcher.js";
 import { LocalQueue } from "../dispatch/local-queue.js";
 import { Fetcher } from "../fetch/fetcher.js";
-import { type HeldRow, heldRows, lose } from "../lease/held.js";
+import { confirmedNow, type HeldRow, heldRows, isLive, lose } from "../lease/held.js";
 import type { LeaseStore } from "../lease/store.js";
+import { confirmedForMs } from "./confirmed-for.js";
 import { type StopResult, stopEngine } from "./engine-stop.js";
 import type { LeasePhase, WorkerEmitter } from "./events.js";
 import { fetchLease } from "./fetch-lease.js";
@@ -113,6 +114,7 @@ export function createEngine(deps: EngineDeps): Engine {
   // are bounded too (maxHeldBytes): rows of a megabyte must not be held by the hundred.
   const held = new HeldSet();
   let stopping = false;
+  const confirmedFor = confirmedForMs(options);
 
   // Fetch: as many rows as the dispatch loops start before the next fetch lands, within the byte budget.
   const prefetch = new Prefetch({
@@ -130,7 +132,14 @@ export function createEngine(deps: EngineDeps): Engine {
         heldBytes: held.bytes,
         handlerMs: dispatcher.handlerMs,
       }),
-    lease: fetchLease({ store, prefetch, held, health, maxHeldBytes: options.maxHeldBytes }),
+    lease: fetchLease({
+      store,
+      prefetch,
+      held,
+      health,
+      maxHeldBytes: options.maxHeldBytes,
+      confirmedForMs: confirmedFor,
+    }),
     deliver: (batch) => take(batch),
     onError: (error, n) => health.failed("fetch", error, n),
     onFatal: deps.onFatal,
@@ -179,6 +188,7 @@ export function createEngine(deps: EngineDeps): Engine {
     queue,
     ...dispatchRules(options),
     submit: (o) => completer.submit(o),
+    confirm: (h) => confirm(h),
     ...(begin
       ? {
           transactions: {
@@ -214,8 +224,8 @@ export function createEngine(deps: EngineDeps): Engine {
       // A stopping worker takes no new rows: the next message of the key is left for the others; nor does
       // one whose byte budget is spent (a fetch takes those rows once it has room).
       reserve: (upTo) => (stopping || held.bytes >= options.maxHeldBytes ? 0 : upTo),
-      settle: (_reserved, lease) => {
-        if (lease !== undefined) take(heldRows(lease.token, lease.rows));
+      settle: (_reserved, lease, sentAt) => {
+        if (lease !== undefined) take(heldRows(lease.token, lease.rows, sentAt + confirmedFor));
       },
     },
     flushed: () => fetcher.slotsFreed(),
@@ -237,6 +247,7 @@ export function createEngine(deps: EngineDeps): Engine {
   // Heartbeat: every lease held is renewed, but those of outcomes that cannot be written.
   const heartbeat = new Heartbeat({
     intervalMs: options.heartbeatMs,
+    confirmedForMs: confirmedFor,
     store,
     collect: () => {
       const rows = renewable(held, completer.failing);
@@ -247,6 +258,19 @@ export function createEngine(deps: EngineDeps): Engine {
     onError: (error, n) => health.failed("heartbeat", error, n),
     onRecovered: () => health.recovered("heartbeat"),
   });
+
+  /**
+   * A queued row whose confirmation ran out: renew every held lease now (token-fenced) and start it only if
+   * the renewal kept it. A row the renewal did not find is forgotten by the heartbeat; one it could not
+   * confirm (the database did not answer) is dropped here, never started: its lease runs out, and the next
+   * fetch of any worker takes it.
+   */
+  async function confirm(h: HeldRow): Promise<boolean> {
+    await heartbeat.beatNow();
+    if (confirmedNow(h)) return isLive(h);
+    forget(h, "start");
+    return false;
+  }
 
   const parts = { fetcher, queue, handBack, dispatcher, held, completer, heartbeat, log, emitter };
   return {

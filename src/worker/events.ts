@@ -1,7 +1,8 @@
 import type { ListenerState } from "../notify/notifier.js";
 
 /** The write that found the lease gone, in a `lease_lost` event. */
-export type LeasePhase = "heartbeat" | "ack" | "retry" | "dead" | "release";
+/** Where a lease was found lost; `start`: a queued row whose lease could not be confirmed before its handler. */
+export type LeasePhase = "heartbeat" | "ack" | "retry" | "dead" | "release" | "start";
 export type LoopName = "fetch" | "complete" | "heartbeat" | "release" | "listener";
 
 /** Every event the worker emits. Outcome events fire only after their write has landed. */

@@ -10,6 +10,8 @@ export interface FetchLeaseDeps {
   held: HeldSet;
   health: LoopHealth;
   maxHeldBytes: number;
+  /** How long after the lease statement was sent its rows count as confirmed ours. */
+  confirmedForMs: number;
 }
 
 /** One fetch: lease up to `limit` rows within the byte budget left, and let the prefetch learn from it. */
@@ -26,7 +28,8 @@ export function fetchLease(deps: FetchLeaseDeps) {
       for (const row of lease.rows) bytes += payloadBytes(row);
       prefetch.fetched(lease.rows.length, bytes, performance.now() - started);
       health.recovered("fetch");
-      return { rows: heldRows(lease.token, lease.rows), more: lease.more };
+      // `started` is before the statement: the server's expiry is at least that plus the TTL.
+      return { rows: heldRows(lease.token, lease.rows, started + deps.confirmedForMs), more: lease.more };
     } finally {
       prefetch.unreserve();
     }

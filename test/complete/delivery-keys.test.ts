@@ -67,6 +67,7 @@ describe("delivery keys", () => {
     const lost: HeldRow[] = [];
     const heartbeat = new Heartbeat({
       intervalMs: 60_000,
+      confirmedForMs: 60_000,
       store,
       collect: () => [old, fresh],
       lost: (h) => lost.push(h),
