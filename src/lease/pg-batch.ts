@@ -29,10 +29,12 @@ export interface BatchLeaseOptions {
   queryTimeoutMs: number;
   /**
    * How long the batch's transaction may sit idle before the server ends it (and so releases its rows): the
-   * longest handler timeout plus a margin. Bounds what a worker cut off from the server (a half-open socket,
-   * a frozen process) keeps locked.
+   * lease TTL. Bounds what a worker cut off from the server (a half-open socket, a frozen process) keeps
+   * locked; a live worker keeps its batches from idling that long (`keepAlive`, every heartbeat).
    */
   idleTimeoutMs: number;
+  /** How long after a statement on the batch's connection was sent the batch counts as alive (the idle timeout less a margin). */
+  confirmedForMs: number;
   announceFailures?: ReadonlyMap<string, FailureAnnouncement>;
   /** New key heads became visible at a batch's commit: they can be leased now. */
   onPromoted?: (rows: number) => void;
@@ -47,6 +49,12 @@ export interface BatchOutcomes {
   dead: readonly DeadWrite[];
   /** Deliveries whose handler ran but ended with no outcome (the stop's timeout): counted, nothing else. */
   ranWithout: readonly Delivery[];
+  /**
+   * Rows this batch holds but did not run because another batch of this worker, which ended before its
+   * commit, ran them: counted here, under this batch's lock, as far as that batch's guard (`guard`) still
+   * names them, and struck from it (so counted exactly once, here or by the repair).
+   */
+  owed?: readonly { id: string; guard: string }[];
 }
 
 /**
@@ -60,6 +68,28 @@ export interface HeldBatch {
   /** Its guard row (lease_guards.id). */
   readonly guard: string;
   readonly rows: readonly LeasedRow[];
+  /**
+   * Until when (performance.now()) the server cannot have ended the transaction for idling: the send time
+   * of its last statement plus the confirmation span. Past it, the batch may be gone (a frozen worker).
+   */
+  readonly validUntil: number;
+  /** Whether the connection was seen to end (an error, a failed keep-alive): its rows are no longer held. */
+  readonly ended: boolean;
+  /**
+   * A cheap statement in the batch's transaction: it resets the server's idle timer and confirms the batch
+   * still holds its rows → true; false once the connection has ended (then `onEnded` has been called).
+   * Never throws; a no-op (true) while another statement is in flight, false after commit or rollback.
+   */
+  keepAlive(): Promise<boolean>;
+  /** Called once, when the connection is seen to end before the batch's commit or rollback. */
+  onEnded(listener: (error: Error) => void): void;
+  /**
+   * After the batch failed: the guard names only `ids` (the rows that ran while the batch may already have
+   * been gone), so the repair counts a delivery on those and not on rows that never started; then waits
+   * (at most a query timeout) for the server to have ended the transaction, so that the repair can count
+   * it. Best effort: never throws.
+   */
+  settleGuard(ids: readonly string[]): Promise<void>;
   /**
    * Writes the outcomes and commits; the connection then goes back to the pool → the deliveries left
    * unwritten (a producer held their key past BUSY_GIVE_UP_MS: delivered again). Throws: nothing landed.
@@ -110,21 +140,62 @@ WHERE id = ANY ($1::bigint[])`,
     }; SAVEPOINT lease_pick`,
   );
   const opts = () => ({ prepared: options.preparedStatements(), timeoutMs });
+  const narrow = defineQuery<{ id: string; ids: string; xid: string }, { done: boolean }>(
+    "lease_guard_narrow",
+    // Narrowed, never widened: a row a later batch of this worker already counted has been struck from it.
+    `WITH narrowed AS (
+  UPDATE ${guards} SET ids = ARRAY(SELECT x FROM unnest(ids) AS x WHERE x = ANY ($2::bigint[])) WHERE id = $1::bigint
+)
+SELECT pg_xact_status($3::xid8) IS DISTINCT FROM 'in progress' AS done`,
+    (p) => [p.id, p.ids, p.xid],
+  );
+  // Counts what the guards still name of the rows (once per guard, as the repair would) and strikes them
+  // from the guards, in the batch's transaction: a guard the repair has counted already names nothing.
+  const strike = defineQuery<{ guards: string; ids: string }, never>(
+    "lease_guard_strike",
+    `WITH g AS (
+  SELECT id, ids FROM ${guards} WHERE id = ANY ($1::bigint[]) AND ids && $2::bigint[] FOR UPDATE
+), named AS (
+  SELECT u.id, count(*)::int AS n FROM g CROSS JOIN LATERAL unnest(g.ids) AS u(id)
+  WHERE u.id = ANY ($2::bigint[]) GROUP BY u.id
+), struck AS (
+  UPDATE ${guards} AS k SET ids = ARRAY(SELECT x FROM unnest(k.ids) AS x WHERE x <> ALL ($2::bigint[]))
+  FROM g WHERE k.id = g.id
+)
+UPDATE ${names.messages} AS t SET deliveries_count = LEAST(t.deliveries_count::bigint + n.n, 2147483647)::int
+FROM named AS n WHERE t.id = n.id`,
+    (p) => [p.guards, p.ids],
+  );
+  const over = defineQuery<{ xid: string }, { done: boolean }>(
+    "lease_batch_over",
+    `SELECT pg_xact_status($1::xid8) IS DISTINCT FROM 'in progress' AS done`,
+    (p) => [p.xid],
+  );
 
   return {
     async lease(limit, maxBytes) {
       const client = await options.pool().connect();
       // Held for the batch's whole run, idle between statements: a server ending the session (a restart, a
       // terminated backend, the idle timeout) errors the client then, not during a statement. pg-pool only
-      // listens while a client is idle in the pool; unheard, that error would crash the process. The next
-      // statement fails all the same, and the batch with it.
-      client.on("error", ignore);
+      // listens while a client is idle in the pool; unheard, that error would crash the process. Heard, it
+      // ends the batch at once: its rows not yet started must not start (another worker may hold them now).
+      let endedBy: ((error: Error) => void) | undefined;
+      let seenEnded: Error | undefined;
+      const onError = (error: Error) => {
+        if (seenEnded) return;
+        seenEnded = error;
+        endedBy?.(error);
+      };
+      client.on("error", onError);
       const release = client.release.bind(client);
       client.release = (error?: Error | boolean) => {
-        client.off("error", ignore);
+        client.off("error", onError);
         client.release = release;
         return release(error);
       };
+      // Before BEGIN: the server's idle timer starts after each statement, so it cannot fire before this
+      // plus the idle timeout.
+      let validUntil = performance.now() + options.confirmedForMs;
       let rows: HeldByTransactionRow[];
       try {
         // Several statements in one string: the simple protocol, never named.
@@ -176,13 +247,69 @@ WHERE id = ANY ($1::bigint[])`,
       }
       const tokens = new Map(rows.map((r) => [r.id, r.lease_token]));
       let ended = false;
+      let ping: Promise<boolean> | undefined;
+      const keepAlive = async (): Promise<boolean> => {
+        if (seenEnded) return false;
+        if (ended) return false;
+        const sent = performance.now();
+        try {
+          await run(client, KEEP_ALIVE, [], { timeoutMs });
+        } catch (error) {
+          // A batch whose keep-alive fails is no longer to be trusted with its rows (a dead or stuck
+          // connection): ended, so nothing more of it starts; its commit fails and the rows come back.
+          onError(asError(error));
+          return false;
+        }
+        if (!seenEnded) validUntil = Math.max(validUntil, sent + options.confirmedForMs);
+        return !seenEnded;
+      };
       return {
         id: randomUUID(),
         guard,
         rows,
+        get validUntil() {
+          return validUntil;
+        },
+        get ended() {
+          return seenEnded !== undefined;
+        },
+        keepAlive() {
+          // One at a time: a keep-alive queued behind another adds nothing.
+          ping ??= keepAlive().finally(() => {
+            ping = undefined;
+          });
+          return ping;
+        },
+        onEnded(listener) {
+          endedBy = listener;
+          if (seenEnded) listener(seenEnded);
+        },
+        async settleGuard(ids) {
+          // A killed backend reports its end to the client before it has rolled back: until it has, the
+          // repair cannot count the guard, while its rows may already be free to lease again.
+          const until = performance.now() + timeoutMs;
+          try {
+            let [row] = await runQuery(
+              options.pool(),
+              narrow,
+              { id: guard, ids: plainArray(ids), xid: first.xid },
+              opts(),
+            );
+            while (!row?.done && performance.now() < until) {
+              await new Promise((resolve) => setTimeout(resolve, 5));
+              [row] = await runQuery(options.pool(), over, { xid: first.xid }, opts());
+            }
+          } catch {
+            // The repair counts the guard as it stands (every row, if the narrowing did not land).
+          }
+        },
         async commit(outcomes) {
           if (ended) throw new OutboxError("batch already ended");
+          if (seenEnded) throw seenEnded;
+          // A keep-alive in flight finishes first (the client queues statements): awaited so a failure it
+          // meets is this commit's too, not a second report.
           ended = true;
+          await ping;
           let written: Written;
           try {
             written = await writeOutcomes(client, outcomes, tokens);
@@ -272,6 +399,18 @@ FOR UPDATE OF t SKIP LOCKED`,
       ...outcomes.ranWithout.map((d) => d.id),
     ];
     if (counted.length > 0) await runQuery(client, countDelivery, { ids: plainArray(counted) }, opts());
+    if (outcomes.owed && outcomes.owed.length > 0) {
+      const owed = outcomes.owed;
+      await runQuery(
+        client,
+        strike,
+        {
+          guards: plainArray([...new Set(owed.map((o) => o.guard))]),
+          ids: plainArray(owed.map((o) => o.id)),
+        },
+        opts(),
+      );
+    }
     const deadline = Date.now() + BUSY_GIVE_UP_MS;
     const keyedFollowUps = (w: AckWrite) => w.followUps?.some((f) => f.key !== null) ?? false;
     await untilWritten(
@@ -371,7 +510,8 @@ async function untilWritten<W extends { held: Delivery }>(
   }
 }
 
-function ignore(): void {}
+/** The batch's keep-alive: any statement resets the server's idle timer; this one reads nothing. */
+const KEEP_ALIVE = statement("lease_batch_keep_alive", "SELECT 1");
 
 function asError(error: unknown): Error {
   return error instanceof Error ? error : new Error(String(error));

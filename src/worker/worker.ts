@@ -10,6 +10,7 @@ import { serverStartedStatement } from "../sql/probes.js";
 import { redactConnectionString, registerUrlSecrets } from "../util/redact.js";
 import { applySubscriptions } from "./apply-subscriptions.js";
 import { createBatchEngine } from "./batch-engine.js";
+import { confirmedForMs } from "./confirmed-for.js";
 import { createEngine, type StopResult, within } from "./engine.js";
 import { EventLoopWatch } from "./event-loop-watch.js";
 import { WorkerEmitter, type WorkerEventName, type WorkerEvents } from "./events.js";
@@ -169,10 +170,12 @@ export function createWorker(input: WorkerOptions): Worker {
             synchronousCommit: options.synchronousCommit,
             preparedStatements: () => named,
             queryTimeoutMs: options.queryTimeoutMs,
-            // The server ends a batch's transaction idle past its longest handler (plus a write's margin): a
-            // worker cut off from it (a half-open socket) keeps nothing locked for longer.
-            idleTimeoutMs:
-              Math.max(...[...options.queues.values()].map((q) => q.timeoutMs)) + 2 * options.queryTimeoutMs,
+            // The server ends a batch's transaction idle for a lease TTL: a worker cut off from it (a
+            // half-open socket, a frozen process) keeps nothing locked for longer than a token lease would.
+            // A live worker's batches never idle that long, however long their rows wait for a slot: the
+            // engine sends each one a keep-alive every heartbeat.
+            idleTimeoutMs: options.leaseTtlMs,
+            confirmedForMs: confirmedForMs(options),
             announceFailures,
             onPromoted: () => engine.wake(),
             onPreparedLost: preparedLost,

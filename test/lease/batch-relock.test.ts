@@ -76,6 +76,7 @@ function leaser(between: (taken: string[]) => Promise<void>): { leaser: BatchLea
       preparedStatements: () => false,
       queryTimeoutMs: 30_000,
       idleTimeoutMs: 60_000,
+      confirmedForMs: 45_000,
     }),
   };
 }
