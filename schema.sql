@@ -577,6 +577,11 @@ BEGIN
       'outbox: a row names both queue %s and topic %s: set one (a topic reaches every queue subscribed to it)',
       left(quote_literal(NEW.queue), 60), left(quote_literal(NEW.topic), 60));
   END IF;
+  IF NEW.dedupe_key IS NOT NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format(
+      'outbox: a row for topic %s sets dedupe_key: a topic takes none (each subscriber''s copy is its own message); insert a row per queue with its own dedupe_key instead',
+      left(quote_literal(NEW.topic), 60));
+  END IF;
   PERFORM outbox.copy_to_queues(NEW.topic, outbox.topic_queues(NEW.topic), jsonb_build_array(
     jsonb_build_object('payload', NEW.payload, 'headers', NEW.headers, 'key', NEW.key,
                        'available_at', NEW.available_at)), true);

@@ -161,6 +161,20 @@ describe("publishing to a topic", () => {
 });
 
 describe("plain-SQL topic rows", () => {
+  it("refuses a dedupe_key on a topic row, naming the column, as publishToTopic refuses dedupeKey (test/produce/dedupe-cancel): nothing is written", async () => {
+    await subscribe(db.pool, { schema, topic: "t11.placed", queue: "t11.a" });
+    const insert = db.pool.query(
+      `INSERT INTO ${db.names.messages} (topic, payload, dedupe_key) VALUES ('t11.placed', '{"n": 1}', 'd1')`,
+    );
+    await expect(insert).rejects.toMatchObject({
+      code: "22023",
+      message: expect.stringMatching(/dedupe_key/),
+    });
+    expect(await rows("t11.a")).toEqual([]);
+    const kept = await db.pool.query(`SELECT 1 FROM ${db.names.deadLetters} WHERE queue = 't11.placed'`);
+    expect(kept.rowCount).toBe(0);
+  });
+
   it("sends every row of one multi-row INSERT to the subscribers committed when it started, though one commits while it runs", async () => {
     await subscribe(db.pool, { schema, topic: "t12.x", queue: "t12.a" });
     const gateKey = 412_012;
