@@ -102,7 +102,8 @@ CREATE TABLE outbox.schema_functions (
   name text NOT NULL,
   checksum text NOT NULL,
   package_version text NOT NULL,
-  applied_at timestamp with time zone DEFAULT now() NOT NULL
+  applied_at timestamp with time zone DEFAULT now() NOT NULL,
+  replaced_checksums text[] DEFAULT '{}'::text[] NOT NULL
 );
 ALTER TABLE outbox.schema_functions ADD CONSTRAINT schema_functions_pkey PRIMARY KEY (name);
 
