@@ -60,7 +60,10 @@ export function validateTopicPattern(pattern: unknown, field = "topic"): string 
   return pattern;
 }
 
-/** Whether a subscription to `pattern` receives events published to `topic` (the database's rule, in TS). */
+/**
+ * Whether a subscription to `pattern` receives events published to `topic` (the database's rule, in TS).
+ * Its work grows with the pattern's segments times the topic's, whatever the number of `#` in the pattern.
+ */
 export function topicMatches(pattern: string, topic: string): boolean {
   return matchSegments(pattern.split("."), topic.split("."));
 }

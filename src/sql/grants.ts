@@ -93,7 +93,7 @@ export const PRODUCER_SELECT_COLUMNS = ["id", "queue", "key"] as const;
  * the look-up of the pending message's id (migrations 0017, 0020). Not given to follow-ups (they refuse it).
  */
 export const PRODUCER_DEDUPE_COLUMNS = ["dedupe_key"] as const;
-/** A plain-SQL producer's row for a topic: expanded by fan_out through a trigger, never stored. */
+/** A plain-SQL producer's row for a topic: expanded by a trigger (copy_to_queues), never stored. */
 export const PRODUCER_TOPIC_COLUMNS = ["topic"] as const;
 /**
  * publishToTopic (fan_out); the topic row's trigger (topic_queues, copy_to_queues); the trailing wake-up of a
