@@ -102,7 +102,8 @@ CREATE TABLE outbox.schema_functions (
   name text NOT NULL,
   checksum text NOT NULL,
   package_version text NOT NULL,
-  applied_at timestamp with time zone DEFAULT now() NOT NULL
+  applied_at timestamp with time zone DEFAULT now() NOT NULL,
+  replaced_checksums text[] DEFAULT '{}'::text[] NOT NULL
 );
 ALTER TABLE outbox.schema_functions ADD CONSTRAINT schema_functions_pkey PRIMARY KEY (name);
 
@@ -373,6 +374,76 @@ END
 $function$;
 REVOKE ALL ON FUNCTION outbox.cancel(text,text) FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION outbox.copy_to_queues(topic text, queues text[], items jsonb, keep_unrouted boolean)
+ RETURNS TABLE(ord integer, id bigint, queue text)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  n integer;
+BEGIN
+  IF topic IS NULL OR octet_length(topic) > 200 OR topic !~ '^[A-Za-z0-9_:/-]+(\.[A-Za-z0-9_:/-]+)*$' THEN
+    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format(
+      'outbox: %s is not a topic name: dot-separated segments of letters, digits and _ : / -, at most 200 bytes',
+      coalesce(left(quote_literal(topic), 60), 'null'));
+  END IF;
+  IF items IS NULL OR jsonb_typeof(items) <> 'array' THEN
+    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'outbox: fan_out items must be a JSON array';
+  END IF;
+  IF queues IS NULL OR array_position(queues, NULL) IS NOT NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'outbox: copy_to_queues queues must be an array of queue names';
+  END IF;
+  n := cardinality(queues);
+  IF n = 0 THEN
+    IF keep_unrouted THEN
+      INSERT INTO outbox.dead_letters
+        (id, queue, payload, headers, key, created_at, available_at, deliveries_count, attempts_count,
+         failures_count, reason, error)
+      SELECT nextval(pg_get_serial_sequence('outbox.messages', 'id')), topic, e.item -> 'payload',
+             coalesce(e.item -> 'headers', '{}') || jsonb_build_object('outbox-topic', topic),
+             e.item ->> 'key', now(),
+             coalesce((e.item ->> 'available_at')::timestamptz,
+                      now() + coalesce((e.item ->> 'delay_ms')::double precision, 0) * interval '1 millisecond'),
+             0, 0, 0, 'no_subscribers', format('no queue subscribes to topic %s', topic)
+      FROM jsonb_array_elements(items) WITH ORDINALITY AS e(item, o)
+      ORDER BY e.o;
+    END IF;
+    RETURN;
+  END IF;
+  -- Every (queue, key) lock before any id, in (queue, key) order as publish, publishMany and replay take
+  -- them: ids then follow commit order within each subscriber's key, and two producers cannot deadlock.
+  -- Skipped when no event has a key (nothing to order).
+  IF jsonb_path_exists(items, '$[*].key ? (@ != null)') THEN
+    PERFORM count(*) FROM (
+      SELECT pg_advisory_xact_lock(hashtext(k.queue), hashtext(k.key)) FROM (
+        SELECT DISTINCT q.queue, i.item ->> 'key' AS key
+        FROM unnest(queues) AS q(queue) CROSS JOIN jsonb_array_elements(items) AS i(item)
+        WHERE i.item ->> 'key' IS NOT NULL ORDER BY 1, 2
+      ) AS k
+    ) AS taken;
+  END IF;
+  -- Ids are drawn in the SELECT's order (item, then queue): the n-th id is item (n-1)/queues + 1.
+  RETURN QUERY
+  WITH ins AS (
+    INSERT INTO outbox.messages AS m (queue, payload, headers, key, available_at)
+    SELECT q.queue, e.item -> 'payload',
+           coalesce(e.item -> 'headers', '{}') || jsonb_build_object('outbox-topic', topic),
+           e.item ->> 'key',
+           coalesce((e.item ->> 'available_at')::timestamptz,
+                    now() + coalesce((e.item ->> 'delay_ms')::double precision, 0) * interval '1 millisecond')
+    FROM jsonb_array_elements(items) WITH ORDINALITY AS e(item, o)
+    CROSS JOIN unnest(queues) WITH ORDINALITY AS q(queue, qo)
+    ORDER BY e.o, q.qo
+    RETURNING m.id, m.queue
+  )
+  SELECT ((row_number() OVER (ORDER BY ins.id) - 1) / n + 1)::integer, ins.id, ins.queue
+  FROM ins ORDER BY ins.id;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION outbox.dead_letter(ids bigint[], tokens uuid[], reasons text[], errors text[], attempted_flags integer[], failed_flags integer[], max_error_length integer, wait_for_flush boolean)
  RETURNS TABLE(keys text[], busy text[], head_queues text[], head_keys text[])
  LANGUAGE plpgsql
@@ -499,6 +570,7 @@ REVOKE ALL ON FUNCTION outbox.dead_letter_announced(bigint[],uuid[],text[],text[
 CREATE OR REPLACE FUNCTION outbox.expand_topic()
  RETURNS trigger
  LANGUAGE plpgsql
+ STABLE
 AS $function$
 BEGIN
   IF NEW.queue IS NOT NULL THEN
@@ -506,8 +578,14 @@ BEGIN
       'outbox: a row names both queue %s and topic %s: set one (a topic reaches every queue subscribed to it)',
       left(quote_literal(NEW.queue), 60), left(quote_literal(NEW.topic), 60));
   END IF;
-  PERFORM outbox.fan_out(NEW.topic, jsonb_build_array(jsonb_build_object(
-    'payload', NEW.payload, 'headers', NEW.headers, 'key', NEW.key, 'available_at', NEW.available_at)));
+  IF NEW.dedupe_key IS NOT NULL THEN
+    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format(
+      'outbox: a row for topic %s sets dedupe_key: a topic takes none (each subscriber''s copy is its own message); insert a row per queue with its own dedupe_key instead',
+      left(quote_literal(NEW.topic), 60));
+  END IF;
+  PERFORM outbox.copy_to_queues(NEW.topic, outbox.topic_queues(NEW.topic), jsonb_build_array(
+    jsonb_build_object('payload', NEW.payload, 'headers', NEW.headers, 'key', NEW.key,
+                       'available_at', NEW.available_at)), true);
   RETURN NULL;
 END
 $function$;
@@ -566,67 +644,11 @@ CREATE OR REPLACE FUNCTION outbox.fan_out(topic text, items jsonb, keep_unrouted
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
-#variable_conflict use_column
-DECLARE
-  queues text[];
-  n integer;
 BEGIN
-  IF topic IS NULL OR octet_length(topic) > 200 OR topic !~ '^[A-Za-z0-9_:/-]+(\.[A-Za-z0-9_:/-]+)*$' THEN
-    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format(
-      'outbox: %s is not a topic name: dot-separated segments of letters, digits and _ : / -, at most 200 bytes',
-      coalesce(left(quote_literal(topic), 60), 'null'));
-  END IF;
-  IF items IS NULL OR jsonb_typeof(items) <> 'array' THEN
-    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'outbox: fan_out items must be a JSON array';
-  END IF;
-  queues := outbox.topic_queues(topic);
-  n := cardinality(queues);
-  IF n = 0 THEN
-    IF keep_unrouted THEN
-      INSERT INTO outbox.dead_letters
-        (id, queue, payload, headers, key, created_at, available_at, deliveries_count, attempts_count,
-         failures_count, reason, error)
-      SELECT nextval(pg_get_serial_sequence('outbox.messages', 'id')), topic, e.item -> 'payload',
-             coalesce(e.item -> 'headers', '{}') || jsonb_build_object('outbox-topic', topic),
-             e.item ->> 'key', now(),
-             coalesce((e.item ->> 'available_at')::timestamptz,
-                      now() + coalesce((e.item ->> 'delay_ms')::double precision, 0) * interval '1 millisecond'),
-             0, 0, 0, 'no_subscribers', format('no queue subscribes to topic %s', topic)
-      FROM jsonb_array_elements(items) WITH ORDINALITY AS e(item, o)
-      ORDER BY e.o;
-    END IF;
-    RETURN;
-  END IF;
-  -- Every (queue, key) lock before any id, in (queue, key) order as publish, publishMany and replay take
-  -- them: ids then follow commit order within each subscriber's key, and two producers cannot deadlock.
-  -- Skipped when no event has a key (nothing to order).
-  IF jsonb_path_exists(items, '$[*].key ? (@ != null)') THEN
-    PERFORM count(*) FROM (
-      SELECT pg_advisory_xact_lock(hashtext(k.queue), hashtext(k.key)) FROM (
-        SELECT DISTINCT q.queue, i.item ->> 'key' AS key
-        FROM unnest(queues) AS q(queue) CROSS JOIN jsonb_array_elements(items) AS i(item)
-        WHERE i.item ->> 'key' IS NOT NULL ORDER BY 1, 2
-      ) AS k
-    ) AS taken;
-  END IF;
-  -- Ids are drawn in the SELECT's order (item, then queue): the n-th id is item (n-1)/queues + 1.
   RETURN QUERY
-  WITH ins AS (
-    INSERT INTO outbox.messages AS m (queue, payload, headers, key, available_at)
-    SELECT q.queue, e.item -> 'payload',
-           coalesce(e.item -> 'headers', '{}') || jsonb_build_object('outbox-topic', topic),
-           e.item ->> 'key',
-           coalesce((e.item ->> 'available_at')::timestamptz,
-                    now() + coalesce((e.item ->> 'delay_ms')::double precision, 0) * interval '1 millisecond')
-    FROM jsonb_array_elements(items) WITH ORDINALITY AS e(item, o)
-    CROSS JOIN unnest(queues) WITH ORDINALITY AS q(queue, qo)
-    ORDER BY e.o, q.qo
-    RETURNING m.id, m.queue
-  )
-  SELECT ((row_number() OVER (ORDER BY ins.id) - 1) / n + 1)::integer, ins.id, ins.queue
-  FROM ins ORDER BY ins.id;
+  SELECT f.ord, f.id, f.queue
+  FROM outbox.copy_to_queues(topic, outbox.topic_queues(topic), items, keep_unrouted) AS f;
 END
 $function$;
 

@@ -2,79 +2,20 @@
 -- docs/contributing/migrations.md). Change the body here, never in a numbered migration.
 --
 -- One topic's events (items: a jsonb array of {payload, headers, key, available_at, delay_ms}), one message
--- per item per subscribed queue, in item order then queue order → (ord, id, queue). The topic travels in
--- the header `outbox-topic`. With no subscriber, each event is kept as a dead letter `no_subscribers`
--- (queue = the topic): nothing published is lost, and replay fans it out to whoever subscribes by then.
--- keep_unrouted false (replay): nothing is written, no row returned.
+-- per item per subscribed queue, in item order then queue order → (ord, id, queue); with no subscriber, a
+-- dead letter `no_subscribers` per event (copy_to_queues, which writes them, says how).
 --
 -- SECURITY DEFINER, as its owner: a producer may call it (and so publish to any topic) without reading
 -- subscriptions or inserting dead letters itself. search_path is pinned: nothing a caller creates is called.
--- The subscriptions read are those committed when this statement started (READ COMMITTED): a subscription
--- receives events published after it committed. Generic plans (plan_cache_mode): with the queue array a
--- parameter, a custom plan for 1 or 3 queues looks cheaper than the generic one, so the plan cache kept
--- re-planning the INSERT and the lock statement (bench/RESULTS.md, issue 27).
+-- The subscriptions are read once per call, all of its events go to the same queues: those committed when
+-- its statement here started (READ COMMITTED; a volatile function's statement takes a fresh snapshot, so
+-- for `SELECT … FROM fan_out(…)` that is a moment after the caller's statement started).
 CREATE OR REPLACE FUNCTION {{schema}}.fan_out(topic text, items jsonb, keep_unrouted boolean DEFAULT true)
 RETURNS TABLE (ord integer, id bigint, queue text)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
-#variable_conflict use_column
-DECLARE
-  queues text[];
-  n integer;
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-  IF topic IS NULL OR octet_length(topic) > 200 OR topic !~ '^[A-Za-z0-9_:/-]+(\.[A-Za-z0-9_:/-]+)*$' THEN
-    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format(
-      'outbox: %s is not a topic name: dot-separated segments of letters, digits and _ : / -, at most 200 bytes',
-      coalesce(left(quote_literal(topic), 60), 'null'));
-  END IF;
-  IF items IS NULL OR jsonb_typeof(items) <> 'array' THEN
-    RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'outbox: fan_out items must be a JSON array';
-  END IF;
-  queues := {{schema}}.topic_queues(topic);
-  n := cardinality(queues);
-  IF n = 0 THEN
-    IF keep_unrouted THEN
-      INSERT INTO {{schema}}.dead_letters
-        (id, queue, payload, headers, key, created_at, available_at, deliveries_count, attempts_count,
-         failures_count, reason, error)
-      SELECT nextval(pg_get_serial_sequence('{{schema}}.messages', 'id')), topic, e.item -> 'payload',
-             coalesce(e.item -> 'headers', '{}') || jsonb_build_object('outbox-topic', topic),
-             e.item ->> 'key', now(),
-             coalesce((e.item ->> 'available_at')::timestamptz,
-                      now() + coalesce((e.item ->> 'delay_ms')::double precision, 0) * interval '1 millisecond'),
-             0, 0, 0, 'no_subscribers', format('no queue subscribes to topic %s', topic)
-      FROM jsonb_array_elements(items) WITH ORDINALITY AS e(item, o)
-      ORDER BY e.o;
-    END IF;
-    RETURN;
-  END IF;
-  -- Every (queue, key) lock before any id, in (queue, key) order as publish, publishMany and replay take
-  -- them: ids then follow commit order within each subscriber's key, and two producers cannot deadlock.
-  -- Skipped when no event has a key (nothing to order).
-  IF jsonb_path_exists(items, '$[*].key ? (@ != null)') THEN
-    PERFORM count(*) FROM (
-      SELECT pg_advisory_xact_lock(hashtext(k.queue), hashtext(k.key)) FROM (
-        SELECT DISTINCT q.queue, i.item ->> 'key' AS key
-        FROM unnest(queues) AS q(queue) CROSS JOIN jsonb_array_elements(items) AS i(item)
-        WHERE i.item ->> 'key' IS NOT NULL ORDER BY 1, 2
-      ) AS k
-    ) AS taken;
-  END IF;
-  -- Ids are drawn in the SELECT's order (item, then queue): the n-th id is item (n-1)/queues + 1.
   RETURN QUERY
-  WITH ins AS (
-    INSERT INTO {{schema}}.messages AS m (queue, payload, headers, key, available_at)
-    SELECT q.queue, e.item -> 'payload',
-           coalesce(e.item -> 'headers', '{}') || jsonb_build_object('outbox-topic', topic),
-           e.item ->> 'key',
-           coalesce((e.item ->> 'available_at')::timestamptz,
-                    now() + coalesce((e.item ->> 'delay_ms')::double precision, 0) * interval '1 millisecond')
-    FROM jsonb_array_elements(items) WITH ORDINALITY AS e(item, o)
-    CROSS JOIN unnest(queues) WITH ORDINALITY AS q(queue, qo)
-    ORDER BY e.o, q.qo
-    RETURNING m.id, m.queue
-  )
-  SELECT ((row_number() OVER (ORDER BY ins.id) - 1) / n + 1)::integer, ins.id, ins.queue
-  FROM ins ORDER BY ins.id;
+  SELECT f.ord, f.id, f.queue
+  FROM {{schema}}.copy_to_queues(topic, {{schema}}.topic_queues(topic), items, keep_unrouted) AS f;
 END
 $$;

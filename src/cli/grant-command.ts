@@ -20,7 +20,7 @@ export const grantUsage = `Usage: outbox-worker grant [--producer ROLES] [--work
 
 Give existing roles exactly the rights their side needs on the outbox schema (least privilege):
   producer    publish: INSERT into messages (its own columns), SELECT of id, queue and key; publish
-              to topics (fan_out, topic_queues); no right on subscriptions
+              to topics (fan_out, topic_queues, copy_to_queues); no right on subscriptions
   worker      lease, ack, retry, dead-letter, release, renew, key-head repair, start-up checks;
               updates only lease and bookkeeping columns, writes dead letters only through
               dead_letter() (the row's own content); no DDL, no right on subscriptions

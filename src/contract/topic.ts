@@ -60,11 +60,40 @@ export function validateTopicPattern(pattern: unknown, field = "topic"): string 
   return pattern;
 }
 
-/** Whether a subscription to `pattern` receives events published to `topic` (the database's rule, in TS). */
+/**
+ * Whether a subscription to `pattern` receives events published to `topic` (the database's rule, in TS).
+ * Its work grows with the pattern's segments times the topic's, whatever the number of `#` in the pattern.
+ */
 export function topicMatches(pattern: string, topic: string): boolean {
-  const source = pattern
-    .split(".")
-    .map((segment) => (segment === "*" ? "\\.[^.]+" : segment === "#" ? "(\\.[^.]+)*" : `\\.${segment}`))
-    .join("");
-  return new RegExp(`^${source}$`).test(`.${topic}`);
+  return matchSegments(pattern.split("."), topic.split("."));
+}
+
+/**
+ * The matcher over segments: `*` is one non-empty segment, `#` any number of them, anything else itself.
+ * One pass per pattern segment over the set of topic prefixes matched so far, so at most
+ * (pattern segments + 1) × (topic segments + 1) steps: a backtracking matcher (a regular expression with
+ * `(\.[^.]+)*` per `#`) is exponential in the number of `#`, and this runs on the event loop. `onStep`
+ * counts the steps (tests).
+ */
+export function matchSegments(pattern: string[], topic: string[], onStep?: () => void): boolean {
+  const n = topic.length;
+  // reach[j]: the pattern's segments so far match the topic's first j segments.
+  let reach: boolean[] = Array.from({ length: n + 1 }, (_, j) => j === 0);
+  for (const segment of pattern) {
+    const next: boolean[] = new Array(n + 1).fill(false);
+    // `#` extends any reached prefix by a run of non-empty segments.
+    let run = false;
+    for (let j = 0; j <= n; j++) {
+      onStep?.();
+      const prev = topic[j - 1];
+      if (segment === "#") {
+        run = (run && prev !== undefined && prev !== "") || (reach[j] ?? false);
+        next[j] = run;
+      } else if (j > 0 && reach[j - 1]) {
+        next[j] = segment === "*" ? prev !== "" : prev === segment;
+      }
+    }
+    reach = next;
+  }
+  return reach[n] ?? false;
 }

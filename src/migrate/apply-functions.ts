@@ -17,7 +17,10 @@ type Statements = ReturnType<typeof migrationStatements>;
 export interface FunctionsResult {
   /** Files applied: new, or changed since the schema recorded them. */
   applied: string[];
-  /** Files left alone because a newer release applied another body (never downgraded). */
+  /**
+   * Files left alone: a newer release applied another body (never downgraded), or a later build of this
+   * same version replaced this body (never put back, so two builds never flip it back and forth).
+   */
   keptNewer: string[];
 }
 
@@ -26,9 +29,13 @@ const INVALID_FUNCTION_DEFINITION = "42P13";
 
 /**
  * Brings every function file's function up to date, each in its own transaction: applied when the schema
- * has no record of it or records another checksum from this release or an older one; kept when a newer
- * release recorded it (its body stays callable by the previous release, as every body change must be).
- * The caller holds the migration lock, so two migrators never apply a file at once.
+ * has no record of it, records another checksum from an older release, or another checksum from this same
+ * version (by precedence: build metadata aside) that never replaced this file's; kept when a newer release
+ * recorded it (its body stays callable by the previous release, as every body change must be) or when a
+ * build of this version replaced this very body. Each application under one version adds the body it
+ * replaces to the record, so builds of one version migrating in turn settle on the last new body instead
+ * of re-applying each other's on every migrate. The caller holds the migration lock, so two migrators
+ * never apply a file at once.
  */
 export async function applyFunctionFiles(
   client: pg.ClientBase,
@@ -51,14 +58,16 @@ export async function applyFunctionFiles(
   for (const file of files) {
     const row = recorded.get(file.name);
     if (row?.checksum === file.checksum) continue;
-    if (row && compareVersions(row.package_version, version) > 0) {
+    const order = row ? compareVersions(row.package_version, version) : -1;
+    if (order > 0 || (order === 0 && row?.replaced_checksums.includes(file.checksum))) {
       result.keptNewer.push(file.name);
       continue;
     }
+    const replaced = order === 0 && row ? [...row.replaced_checksums, row.checksum] : [];
     try {
       await client.query(MIGRATION_TX.begin);
       await applyOne(client, file, names, sql);
-      await client.query(sql.recordFunction, [file.name, file.checksum, version]);
+      await client.query(sql.recordFunction, [file.name, file.checksum, version, replaced]);
       await client.query(MIGRATION_TX.commit);
     } catch (error) {
       await client.query(MIGRATION_TX.rollback).catch(() => {});

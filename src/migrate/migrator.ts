@@ -38,7 +38,8 @@ export interface MigrateResult {
   version: number;
   /**
    * The function files (migrations/functions): those this run applied (new or changed), and those it left
-   * alone because a newer release of this package had applied another body (it is never put back).
+   * alone because a newer release of this package had applied another body, or a build of this same
+   * version had replaced this one (a replaced body is never put back).
    */
   functions: { applied: string[]; keptNewer: string[] };
 }

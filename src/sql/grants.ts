@@ -9,11 +9,13 @@ import { outboxNames, quoteLiteral } from "./names.js";
  *   `queue`/`key`, which the key-head trigger (mark_key_head, SECURITY INVOKER) reads as the inserting role.
  *   Not SECURITY DEFINER: a migration's CREATE OR REPLACE would silently drop it, and the grant command would
  *   have to alter a function it does not own. The cost: a producer can list other rows' queue and key (never
- *   their payloads, headers or errors). Topics: EXECUTE on fan_out (publishToTopic, and the expand_topic
- *   trigger of a plain-SQL row, which calls it as the inserting role), INSERT of `topic` (that row), EXECUTE
- *   on topic_queues (the trailing wake-up of a publisher with its own notify connection). Both functions are
- *   SECURITY DEFINER: no right on subscriptions or dead_letters. topic_queues tells a producer nothing fan_out
- *   does not (its copies name their queues, even in a transaction rolled back). Dedupe keys: INSERT and
+ *   their payloads, headers or errors). Topics: EXECUTE on fan_out (publishToTopic), INSERT of `topic` (a
+ *   plain-SQL row), EXECUTE on topic_queues and copy_to_queues (that row's expand_topic trigger calls both
+ *   as the inserting role; topic_queues is also the trailing wake-up of a publisher with its own notify
+ *   connection). All three are SECURITY DEFINER: no right on subscriptions or dead_letters. topic_queues
+ *   tells a producer nothing fan_out does not (its copies name their queues, even in a transaction rolled
+ *   back); copy_to_queues writes nothing a producer could not (messages of queues it names, or the dead
+ *   letter of a topic with no subscriber). Dedupe keys: INSERT and
  *   SELECT of `dedupe_key` (the ON CONFLICT arbiter, and the pending message's id read back), EXECUTE on
  *   cancel (SECURITY DEFINER: it deletes a pending, unleased message by dedupe key only; no DELETE).
  * - worker: lease, ack, retry, release, renew (messages SELECT, DELETE, and UPDATE of the lease and
@@ -91,12 +93,16 @@ export const PRODUCER_SELECT_COLUMNS = ["id", "queue", "key"] as const;
  * the look-up of the pending message's id (migrations 0017, 0020). Not given to follow-ups (they refuse it).
  */
 export const PRODUCER_DEDUPE_COLUMNS = ["dedupe_key"] as const;
-/** A plain-SQL producer's row for a topic: expanded by fan_out through a trigger, never stored. */
+/** A plain-SQL producer's row for a topic: expanded by a trigger (copy_to_queues), never stored. */
 export const PRODUCER_TOPIC_COLUMNS = ["topic"] as const;
-/** publishToTopic and the topic row's trigger (fan_out); the trailing wake-up of a topic (topic_queues). */
+/**
+ * publishToTopic (fan_out); the topic row's trigger (topic_queues, copy_to_queues); the trailing wake-up of a
+ * topic (topic_queues).
+ */
 export const PRODUCER_FUNCTIONS = [
   "fan_out(text, jsonb, boolean)",
   "topic_queues(text)",
+  "copy_to_queues(text, text[], jsonb, boolean)",
   // `cancel` by dedupe key (migration 0017), as the schema's owner: no DELETE on messages for producers.
   "cancel(text, text)",
 ] as const;

@@ -1,10 +1,12 @@
 import { type OutboxNames, quoteLiteral } from "./names.js";
 
-/** One row of the function files' table (migration 0022). */
+/** One row of the function files' table (migration 0022; replaced_checksums from 0025). */
 export interface AppliedFunctionRow {
   name: string;
   checksum: string;
   package_version: string;
+  /** Bodies of this file a later build of the same version replaced: never applied again under it. */
+  replaced_checksums: string[];
 }
 
 /** A function of the schema as the catalog has it, before and after its file is applied. */
@@ -72,14 +74,18 @@ WHERE n.nspname = ${schemaLiteral} AND NOT i.indisvalid`,
     record: `INSERT INTO ${names.migrationsTable} (version, name, checksum) VALUES ($1, $2, $3)`,
     /** Null when migration 0022 has not run: no function file can be recorded yet. */
     functionsTableExists: `SELECT to_regclass(${quoteLiteral(`${names.quotedSchema}.schema_functions`)}) IS NOT NULL AS exists`,
-    appliedFunctions: `SELECT name, checksum, package_version FROM ${names.quotedSchema}.schema_functions ORDER BY name`,
-    /** $1 name, $2 checksum, $3 package version */
-    recordFunction: `INSERT INTO ${names.quotedSchema}.schema_functions AS f (name, checksum, package_version)
-VALUES ($1, $2, $3)
+    appliedFunctions: `SELECT name, checksum, package_version, replaced_checksums FROM ${names.quotedSchema}.schema_functions ORDER BY name`,
+    /** $1 name, $2 checksum, $3 package version, $4 replaced checksums (text[]) */
+    recordFunction: `INSERT INTO ${names.quotedSchema}.schema_functions AS f (name, checksum, package_version, replaced_checksums)
+VALUES ($1, $2, $3, $4)
 ON CONFLICT (name) DO UPDATE SET checksum = excluded.checksum, package_version = excluded.package_version,
-  applied_at = now()`,
+  replaced_checksums = excluded.replaced_checksums, applied_at = now()`,
+    /**
+     * For `migrate --print`, which applies every file whatever the schema holds: the replaced body joins the
+     * list when the version string is the same (`migrate` compares versions by precedence instead).
+     */
     recordFunctionLiteral(name: string, checksum: string, packageVersion: string): string {
-      return `INSERT INTO ${names.quotedSchema}.schema_functions AS f (name, checksum, package_version) VALUES (${quoteLiteral(name)}, ${quoteLiteral(checksum)}, ${quoteLiteral(packageVersion)}) ON CONFLICT (name) DO UPDATE SET checksum = excluded.checksum, package_version = excluded.package_version, applied_at = now()`;
+      return `INSERT INTO ${names.quotedSchema}.schema_functions AS f (name, checksum, package_version) VALUES (${quoteLiteral(name)}, ${quoteLiteral(checksum)}, ${quoteLiteral(packageVersion)}) ON CONFLICT (name) DO UPDATE SET checksum = excluded.checksum, package_version = excluded.package_version, replaced_checksums = CASE WHEN f.checksum = excluded.checksum THEN f.replaced_checksums WHEN f.package_version = excluded.package_version THEN array_append(f.replaced_checksums, f.checksum) ELSE '{}' END, applied_at = now()`;
     },
     /** $1 function name → every overload of it in the schema (a function file owns its name). */
     functionsNamed: `SELECT p.oid::int AS oid, p.oid::regprocedure::text AS signature, p.proacl::text[] AS acl

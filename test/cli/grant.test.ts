@@ -205,6 +205,7 @@ describe("outbox-worker grant: what each role holds", () => {
         ...columns("messages", PRODUCER_DEDUPE_COLUMNS, "SELECT"),
         "fan_out: EXECUTE",
         "topic_queues: EXECUTE",
+        "copy_to_queues: EXECUTE",
         // Cancel by dedupe key runs as the owner: the producer holds no DELETE on messages.
         "cancel: EXECUTE",
       ].sort(),
@@ -290,6 +291,7 @@ describe("outbox-worker grant: what each role holds", () => {
     expect(definers.map((f) => f.proname)).toEqual([
       "batch_leased",
       "cancel",
+      "copy_to_queues",
       "dead_letter",
       "dead_letter_announced",
       "expire_dead_letters",
@@ -397,6 +399,48 @@ describe("upgrading a schema whose rights were granted", () => {
         `"${upgraded}".promote_heads_after(text[], text[], bigint[], integer, uuid, double precision, text)`,
       );
     });
+  });
+});
+
+describe("upgrading to copy_to_queues (a function file)", () => {
+  it("gives it to whoever may call fan_out: a producer granted before inserts topic rows with no new grant", async () => {
+    const upgraded = `${schema}_copies`;
+    await db.pool.query(`DROP SCHEMA IF EXISTS "${upgraded}" CASCADE`);
+    try {
+      // The numbered migrations alone: fan_out and expand_topic as 0012 made them, no copy_to_queues.
+      await migrate({
+        connection: db.pool,
+        schema: upgraded,
+        migrationsDir: await shippedMigrationsUpTo(24),
+      });
+      const s = `"${upgraded}"`;
+      // What `grant --producer` of a release before copy_to_queues gave for topics.
+      await db.pool.query(`REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ${s} FROM PUBLIC;
+        GRANT USAGE ON SCHEMA ${s} TO "${role.producer}";
+        GRANT INSERT (${[...PRODUCER_INSERT_COLUMNS, "topic"].join(", ")}),
+          SELECT (${PRODUCER_SELECT_COLUMNS.join(", ")}) ON ${s}.messages TO "${role.producer}";
+        GRANT EXECUTE ON FUNCTION ${s}.fan_out(text, jsonb, boolean), ${s}.topic_queues(text)
+          TO "${role.producer}"`);
+      const result = await migrate({ connection: db.pool, schema: upgraded });
+      expect(result.functions.applied).toContain("copy_to_queues");
+      await subscribe(db.pool, { schema: upgraded, topic: "u.placed", queue: "u.q" });
+      const inserted = await producer.query(
+        `INSERT INTO ${s}.messages (topic, payload, key) VALUES ('u.placed', '{}', 'k')`,
+      );
+      expect(inserted.rowCount).toBe(0);
+      expect((await db.pool.query(`SELECT queue FROM ${s}.messages`)).rows).toEqual([{ queue: "u.q" }]);
+      const may = async (who: string) =>
+        (
+          await db.pool.query<{ ok: boolean }>("SELECT has_function_privilege($1, $2, 'EXECUTE') AS ok", [
+            who,
+            `${s}.copy_to_queues(text, text[], jsonb, boolean)`,
+          ])
+        ).rows[0]?.ok;
+      expect(await may(role.worker)).toBe(false);
+      expect(await may("public")).toBe(false);
+    } finally {
+      await db.pool.query(`DROP SCHEMA IF EXISTS "${upgraded}" CASCADE`);
+    }
   });
 });
 
@@ -1479,8 +1523,13 @@ describe("every right is needed", () => {
     ]),
     { right: `EXECUTE ON ${fn("cancel(text, text)")}`, of: role.producer, op: cancelDeduped },
     { right: `EXECUTE ON ${fn("fan_out(text, jsonb, boolean)")}`, of: role.producer, op: topicEvent },
-    // The topic row's trigger calls fan_out as the inserting role.
-    { right: `EXECUTE ON ${fn("fan_out(text, jsonb, boolean)")}`, of: role.producer, op: topicRow },
+    // The topic row's trigger reads the subscribers and writes the copies as the inserting role.
+    { right: `EXECUTE ON ${fn("topic_queues(text)")}`, of: role.producer, op: topicRow },
+    {
+      right: `EXECUTE ON ${fn("copy_to_queues(text, text[], jsonb, boolean)")}`,
+      of: role.producer,
+      op: topicRow,
+    },
     { right: `EXECUTE ON ${fn("topic_queues(text)")}`, of: role.producer, op: topicWake },
     {
       right: `USAGE ON SCHEMA ${names.quotedSchema}`,

@@ -3,11 +3,13 @@ import { cp, readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { MigrationError } from "../../src/contract/errors.js";
+import { applyFunctionFiles } from "../../src/migrate/apply-functions.js";
 import { functionsDirOf, loadFunctionFiles } from "../../src/migrate/function-files.js";
 import { MIGRATIONS_DIR } from "../../src/migrate/migration-files.js";
 import { migrate } from "../../src/migrate/migrator.js";
 import { dumpSchema } from "../../src/migrate/schema-dump.js";
 import { SCHEMA_FILE } from "../../src/migrate/schema-file.js";
+import { migrationStatements } from "../../src/sql/migrations.js";
 import { outboxNames } from "../../src/sql/names.js";
 import { testDatabase } from "../support/database.js";
 import { lineDiff } from "../support/line-diff.js";
@@ -248,6 +250,66 @@ describe("function files", () => {
     const replaced = await migrate({ connection: db.pool, schema, migrationsDir: dir });
     expect(replaced.functions).toEqual({ applied: ["topic_queues"], keptNewer: [] });
     expect((await functionsNamed(schema, "topic_queues"))[0]?.src).not.toContain("{newer}");
+  });
+
+  /** A copy of the shipped files whose expire_inbox body carries `mark`: one build's function files. */
+  async function build(mark: string): Promise<string> {
+    const dir = await shippedCopy();
+    await editFunctionFile(dir, "expire_inbox", (sql) =>
+      sql.replace("BEGIN\n  RETURN QUERY", `BEGIN\n  -- ${mark}\n  RETURN QUERY`),
+    );
+    return dir;
+  }
+
+  /** The function files of `dir` applied as release `version` applies them (migrate's own step). */
+  async function applyAs(schema: string, dir: string, version: string) {
+    const names = outboxNames(schema);
+    const files = await loadFunctionFiles(functionsDirOf(dir));
+    const client = await db.pool.connect();
+    try {
+      return await applyFunctionFiles(client, files, names, migrationStatements(names), version);
+    } finally {
+      client.release();
+    }
+  }
+
+  const liveBody = async (schema: string) => (await functionsNamed(schema, "expire_inbox"))[0]?.src;
+
+  it("never flips a body between a release candidate and its release migrating in turn: the release's stays", async () => {
+    const schema = db.freshSchema("rc");
+    const [candidate, release] = [await build("candidate body"), await build("release body")];
+    await migrate({ connection: db.pool, schema, migrationsDir: await shippedCopy() });
+    const runs = [];
+    for (let round = 0; round < 2; round++) {
+      runs.push((await applyAs(schema, release, "0.2.0")).applied);
+      runs.push((await applyAs(schema, candidate, "0.2.0-rc.1")).applied);
+    }
+    // The release's body goes in once (over 0.1.0's record); the candidate's never does.
+    expect(runs).toEqual([["expire_inbox"], [], [], []]);
+    expect(await liveBody(schema)).toContain("release body");
+    expect(await recorded(schema, "expire_inbox")).toMatchObject({ package_version: "0.2.0" });
+  });
+
+  it("never flips a body between two builds of one version migrating in turn: the last new body stays", async () => {
+    const schema = db.freshSchema("builds");
+    const [a, b, c] = [await build("build a"), await build("build b"), await build("build c")];
+    const run = async (dir: string) =>
+      (await migrate({ connection: db.pool, schema, migrationsDir: dir })).functions;
+    await run(a);
+    expect(await run(b)).toEqual({ applied: ["expire_inbox"], keptNewer: [] });
+    // a's body was replaced under this version: a keeps b's, now and every time after.
+    expect(await run(a)).toEqual({ applied: [], keptNewer: ["expire_inbox"] });
+    expect(await run(b)).toEqual({ applied: [], keptNewer: [] });
+    expect(await run(a)).toEqual({ applied: [], keptNewer: ["expire_inbox"] });
+    expect(await liveBody(schema)).toContain("build b");
+    // A body new to this version still goes in (a developer's edit, a fix build), and then stays.
+    expect(await run(c)).toEqual({ applied: ["expire_inbox"], keptNewer: [] });
+    for (const dir of [a, b]) expect(await run(dir)).toEqual({ applied: [], keptNewer: ["expire_inbox"] });
+    expect(await liveBody(schema)).toContain("build c");
+    const { rows } = await db.pool.query(
+      `SELECT cardinality(replaced_checksums) AS n FROM "${schema}".schema_functions WHERE name = 'expire_inbox'`,
+    );
+    expect(rows).toEqual([{ n: 2 }]);
   });
 
   it("refuses a file that does not define the function it is named after", async () => {

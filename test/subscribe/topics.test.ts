@@ -160,6 +160,59 @@ describe("publishing to a topic", () => {
   });
 });
 
+describe("plain-SQL topic rows", () => {
+  it("refuses a dedupe_key on a topic row, naming the column, as publishToTopic refuses dedupeKey (test/produce/dedupe-cancel): nothing is written", async () => {
+    await subscribe(db.pool, { schema, topic: "t11.placed", queue: "t11.a" });
+    const insert = db.pool.query(
+      `INSERT INTO ${db.names.messages} (topic, payload, dedupe_key) VALUES ('t11.placed', '{"n": 1}', 'd1')`,
+    );
+    await expect(insert).rejects.toMatchObject({
+      code: "22023",
+      message: expect.stringMatching(/dedupe_key/),
+    });
+    expect(await rows("t11.a")).toEqual([]);
+    const kept = await db.pool.query(`SELECT 1 FROM ${db.names.deadLetters} WHERE queue = 't11.placed'`);
+    expect(kept.rowCount).toBe(0);
+  });
+
+  it("sends every row of one multi-row INSERT to the subscribers committed when it started, though one commits while it runs", async () => {
+    await subscribe(db.pool, { schema, topic: "t12.x", queue: "t12.a" });
+    const gateKey = 412_012;
+    const gate = await db.pool.connect();
+    const producer = await db.pool.connect();
+    try {
+      await gate.query("SELECT pg_advisory_lock($1)", [gateKey]);
+      const pid = (await producer.query<{ pid: number }>("SELECT pg_backend_pid() AS pid")).rows[0]?.pid;
+      // Row 1 is expanded, then computing row 2 waits on the gate: the statement is halfway through.
+      const insert = producer.query(
+        `INSERT INTO ${db.names.messages} (topic, payload)
+         SELECT 't12.x', jsonb_build_object('n', g, 'gate', CASE WHEN g = 2 THEN pg_advisory_xact_lock_shared($1)::text END)
+         FROM generate_series(1, 3) AS g`,
+        [gateKey],
+      );
+      insert.catch(() => {}); // awaited below; a rejection before then is not unhandled
+      await until(async () => {
+        const waiting = await db.pool.query(
+          "SELECT 1 FROM pg_locks WHERE pid = $1 AND locktype = 'advisory' AND NOT granted",
+          [pid],
+        );
+        return waiting.rowCount === 1;
+      }, "the INSERT waiting on the gate after its first row");
+      expect((await rows("t12.a")).length).toBe(0); // not committed yet: nothing visible
+      await subscribe(db.pool, { schema, topic: "t12.x", queue: "t12.b" });
+      await gate.query("SELECT pg_advisory_unlock($1)", [gateKey]);
+      expect((await insert).rowCount).toBe(0);
+    } finally {
+      gate.release();
+      producer.release();
+    }
+    const copies = (await rows()).filter((r) => r.queue.startsWith("t12."));
+    const byQueue = (q: string) =>
+      copies.filter((r) => r.queue === q).map((r) => (r.payload as { n: number }).n);
+    expect({ a: byQueue("t12.a"), b: byQueue("t12.b") }).toEqual({ a: [1, 2, 3], b: [] });
+  });
+});
+
 describe("subscribers are independent", () => {
   it("one retried 3 times, one rejected, one delivered once: each ends its own way", async () => {
     for (const queue of ["t5.flaky", "t5.rejecting", "t5.fine"])
