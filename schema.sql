@@ -746,14 +746,15 @@ DECLARE
   ids bigint[];
   topics text[];
   items jsonb[];
+  queues text[];
+  event_key text;
   copies integer;
 BEGIN
   SELECT array_agg(p.id ORDER BY p.id), array_agg(p.headers ->> 'outbox-topic' ORDER BY p.id),
-         array_agg(jsonb_build_object('payload', p.payload, 'headers', p.headers - 'outbox-topic',
-                                      'key', p.key, 'available_at', now()) ORDER BY p.id)
+         array_agg(jsonb_build_object('payload', p.payload, 'headers', p.headers, 'key', p.key) ORDER BY p.id)
   INTO ids, topics, items
   FROM (
-    -- In id order, so two replays over the same rows cannot deadlock on them.
+    -- In id order, so two replays over the same rows cannot deadlock on them; all before any key lock.
     SELECT x.* FROM outbox.dead_letters AS x
     WHERE x.id = ANY(dead_ids) AND x.reason = 'no_subscribers' AND x.headers ? 'outbox-topic'
     ORDER BY x.id FOR UPDATE
@@ -761,15 +762,23 @@ BEGIN
   IF ids IS NULL THEN
     RETURN;
   END IF;
-  PERFORM count(*) FROM (
-    SELECT pg_advisory_xact_lock(hashtext(k.queue), hashtext(k.key)) FROM (
-      SELECT DISTINCT q.queue, items[i] ->> 'key' AS key
-      FROM generate_subscripts(ids, 1) AS i CROSS JOIN unnest(outbox.topic_queues(topics[i])) AS q(queue)
-      WHERE items[i] ->> 'key' IS NOT NULL ORDER BY 1, 2
-    ) AS k
-  ) AS taken;
   FOR i IN 1 .. cardinality(ids) LOOP
-    RETURN QUERY SELECT ids[i], f.id, f.queue FROM outbox.fan_out(topics[i], jsonb_build_array(items[i]), false) AS f;
+    queues := outbox.topic_queues(topics[i]);
+    event_key := items[i] ->> 'key';
+    CONTINUE WHEN cardinality(queues) = 0;
+    CONTINUE WHEN event_key IS NOT NULL AND EXISTS (
+      SELECT 1 FROM unnest(queues) AS q(queue)
+      WHERE NOT pg_try_advisory_xact_lock(hashtext(q.queue), hashtext(event_key))
+    );
+    RETURN QUERY
+    WITH ins AS (
+      INSERT INTO outbox.messages AS m (queue, payload, headers, key, available_at)
+      SELECT q.queue, items[i] -> 'payload', items[i] -> 'headers', event_key, now()
+      FROM unnest(queues) WITH ORDINALITY AS q(queue, qo)
+      ORDER BY q.qo
+      RETURNING m.id, m.queue
+    )
+    SELECT ids[i], ins.id, ins.queue FROM ins ORDER BY ins.id;
     GET DIAGNOSTICS copies = ROW_COUNT;
     IF copies > 0 THEN
       DELETE FROM outbox.dead_letters AS x WHERE x.id = ids[i];

@@ -26,6 +26,7 @@ export type {
   PurgeOptions,
   PurgeResult,
   ReplayFilter,
+  ReplayOptions,
   ReplayResult,
 } from "./inspect/dead-letters.js";
 export {

@@ -232,9 +232,15 @@ async function replay(argv: string[], io: CliIo): Promise<number> {
     return 0;
   }
   print(io, `replayed ${count(result.replayed)}${moved}`);
-  if (result.skipped === 0) return 0;
-  printError(io, `outbox-worker dead-letters: skipped ${skipped}`);
-  return 1;
+  if (result.skipped > 0) printError(io, `outbox-worker dead-letters: skipped ${skipped}`);
+  if (result.busy > 0) {
+    const busyIds = result.queues.flatMap((q) => q.busyIds).join(", ");
+    printError(
+      io,
+      `outbox-worker dead-letters: left ${count(result.busy)} whose keys producers kept locked (still dead letters; replay them again): ${busyIds}`,
+    );
+  }
+  return result.skipped === 0 && result.busy === 0 ? 0 : 1;
 }
 
 async function purge(argv: string[], io: CliIo): Promise<number> {

@@ -11,14 +11,21 @@
  *                                                         none → poll interval doubles (jittered) up to the
  *                                                         max while wake-ups work, stays at the min while
  *                                                         they do not (poll-only);
- *                                                         error → back off, fatal after N in a row
+ *                                                         error → back off (failing), fatal after N in a
+ *                                                         row lasting loopGiveUpMs
+ *   failing    ignored (the backoff timer fetches)       -
  *   stopped    ignored                                   -
+ *
+ * While fetches fail in a row, the backoff timer alone fetches: freed slots, notifications and reconnects
+ * wake nothing, so a burst of them (failing inbox checks free the local queue's slots in a burst) cannot
+ * spend the run of failures that makes the worker give up. And it gives up only after the run has also
+ * lasted the backoffs' shortest total (loopGiveUpMs): a brief outage never ends a worker.
  *
  * No fetch asks for more rows than the local queue has free slots, so memory never grows with the backlog.
  * The batch starts small, so a trickle of messages is spread over workers and leased with a small LIMIT,
  * and grows while fetches come back full, so a backlog drains at the tuned size.
  */
-import { backoffDelay } from "../retry/strategies.js";
+import { backoffDelay, loopGiveUpMs } from "../retry/strategies.js";
 
 export interface FetcherDeps<Row> {
   /** Lease up to `limit` rows; `more`: more are probably waiting even if fewer than `limit` came. */
@@ -38,6 +45,8 @@ export interface FetcherDeps<Row> {
   onError(error: Error, consecutive: number): void;
   onFatal(error: Error): void;
   random?: () => number;
+  /** A monotonic clock in ms (default performance.now), for tests. */
+  now?: () => number;
 }
 
 type State = "idle" | "fetching" | "stopped";
@@ -48,7 +57,12 @@ export class Fetcher<Row> {
   #scheduled = false;
   #timer: NodeJS.Timeout | undefined;
   #pollMs: number;
+  /** Failed fetches in a row; while > 0 only the backoff timer fetches. */
   #failures = 0;
+  /** When the run of failures began (the first of them). */
+  #failingSince = 0;
+  readonly #giveUpMs: number;
+  readonly #now: () => number;
   /** The last fetch filled its batch: more rows are probably waiting, so freed slots should fetch. */
   #backlog = false;
   #running: Promise<void> = Promise.resolve();
@@ -61,6 +75,11 @@ export class Fetcher<Row> {
   constructor(private readonly deps: FetcherDeps<Row>) {
     this.#pollMs = deps.minPollMs;
     this.#random = deps.random ?? Math.random;
+    this.#now = deps.now ?? (() => performance.now());
+    this.#giveUpMs = loopGiveUpMs(deps.maxConsecutiveFailures, {
+      baseMs: deps.backoffBaseMs,
+      maxMs: deps.backoffMaxMs,
+    });
     this.#minBatch = Math.max(1, Math.min(deps.minBatch ?? deps.batchSize, deps.batchSize));
     this.#batch = this.#minBatch;
   }
@@ -80,7 +99,9 @@ export class Fetcher<Row> {
     this.#wakeUps = on;
     if (!on && this.#pollMs > this.deps.minPollMs) {
       this.#pollMs = this.deps.minPollMs;
-      if (this.#state === "idle") this.#schedule(this.#pollMs);
+      // Not while backing off: the listener drops in the same outage, and replacing the backoff timer
+      // with a poll would fetch again at once.
+      if (this.#state === "idle" && this.#failures === 0) this.#schedule(this.#pollMs);
     }
   }
 
@@ -92,12 +113,21 @@ export class Fetcher<Row> {
     this.trigger();
   }
 
+  /** Look for rows now, unless fetches are failing: then the backoff timer's fetch is the next one. */
   trigger(): void {
+    this.#wake(false);
+  }
+
+  #wake(byTimer: boolean): void {
     if (this.#state === "stopped") return;
     if (this.#state === "fetching") {
+      // A fetch that fails ignores this (it backs off); one that succeeds fetches again.
       this.#again = true;
       return;
     }
+    // Backing off: a wake-up (freed slots, a notification, a reconnect) must not fetch now, or a burst of
+    // them spends the run of failures in milliseconds. The backoff timer fetches when it fires.
+    if (this.#failures > 0 && !byTimer) return;
     if (this.#scheduled) return;
     this.#scheduled = true;
     // One run per tick however many wake-ups arrive together (a burst of notifications, say).
@@ -124,6 +154,7 @@ export class Fetcher<Row> {
     clearTimeout(this.#timer);
     this.#state = "fetching";
     let next: number | undefined = this.#pollMs;
+    let backoff = false;
     try {
       for (;;) {
         this.#again = false;
@@ -140,6 +171,7 @@ export class Fetcher<Row> {
           ({ rows, more } = await this.deps.lease(limit));
         } catch (error) {
           next = this.#failed(error as Error);
+          backoff = true;
           break;
         }
         this.#failures = 0;
@@ -162,7 +194,8 @@ export class Fetcher<Row> {
     } finally {
       if (this.#state === "fetching") this.#state = "idle";
     }
-    if (this.#state === "idle" && next !== undefined) this.#schedule(next);
+    // The backoff is jittered already (and its shortest total is what loopGiveUpMs counts): no poll jitter.
+    if (this.#state === "idle" && next !== undefined) this.#schedule(next, !backoff);
   }
 
   /** Re-read after an await: stop() may have run meanwhile. */
@@ -171,9 +204,13 @@ export class Fetcher<Row> {
   }
 
   #failed(error: Error): number | undefined {
+    const now = this.#now();
     this.#failures++;
+    if (this.#failures === 1) this.#failingSince = now;
     this.deps.onError(error, this.#failures);
-    if (this.#failures >= this.deps.maxConsecutiveFailures) {
+    // Both a run of N and the time N backoffs take at the least: a count alone could be spent in a burst
+    // (as it was by wake-ups that bypassed the backoff), and a sub-second outage then ended the worker.
+    if (this.#failures >= this.deps.maxConsecutiveFailures && now - this.#failingSince >= this.#giveUpMs) {
       this.#state = "stopped";
       this.deps.onFatal(error);
       return undefined;
@@ -185,12 +222,12 @@ export class Fetcher<Row> {
     });
   }
 
-  #schedule(ms: number): void {
+  #schedule(ms: number, jitter = true): void {
     clearTimeout(this.#timer);
     // Up to 20 % early, never late, so that workers started together do not poll in lockstep and the
     // interval stays a bound on how long a row waits for the next poll.
-    const jittered = Math.max(1, Math.round(ms * (0.8 + 0.2 * this.#random())));
+    const delay = Math.max(1, jitter ? Math.round(ms * (0.8 + 0.2 * this.#random())) : Math.ceil(ms));
     // Not unref'd: a running worker keeps its process alive even when it has nothing else open.
-    this.#timer = setTimeout(() => this.trigger(), jittered);
+    this.#timer = setTimeout(() => this.#wake(true), delay);
   }
 }

@@ -43,6 +43,12 @@ export interface ReplayQueueCount {
   /** Left in dead_letters because a message with the same id exists. */
   skipped: number;
   skippedIds: string[];
+  /**
+   * Left in dead_letters because a producer kept their key's lock (a transaction writing that key) until
+   * `busyTimeoutMs` ran out: replay them again. 0 unless that happened.
+   */
+  busy: number;
+  busyIds: string[];
 }
 
 /** What {@link replayDeadLetters} moved back (or, with `dryRun`, would move). */
@@ -53,9 +59,27 @@ export interface ReplayResult {
   replayed: number;
   /** Dead letters left where they are because a message with the same id exists. */
   skipped: number;
-  /** The same counts per queue, with the skipped ids. */
+  /** Dead letters left where they are because producers kept their keys' locks past `busyTimeoutMs`. */
+  busy: number;
+  /** The same counts per queue, with the skipped (and busy) ids. */
   queues: ReplayQueueCount[];
 }
+
+/** Options of {@link replayDeadLetters}. */
+export interface ReplayOptions {
+  /** Count what would be replayed, change nothing. */
+  dryRun?: boolean;
+  /**
+   * How long replay keeps trying the keys producers hold (default 30000 ms); what is still busy then stays
+   * a dead letter, reported as `busy`.
+   */
+  busyTimeoutMs?: number;
+}
+
+const DEFAULT_BUSY_TIMEOUT_MS = 30_000;
+/** Pauses before busy keys are tried again: doubling from the first to the last, jittered. */
+const BUSY_PAUSE_MIN_MS = 10;
+const BUSY_PAUSE_MAX_MS = 500;
 
 /** Which dead letters {@link purgeDeadLetters} deletes. */
 export interface PurgeOptions {
@@ -140,41 +164,84 @@ function replayParams(filter: ReplayFilter): ReplayParams {
   };
 }
 
-function replayResult(rows: ReplayCountRow[], dryRun: boolean): ReplayResult {
-  const queues = rows.map((r) => ({
-    queue: r.queue,
-    replayed: r.replayed,
-    skipped: r.skipped,
-    skippedIds: r.skipped_ids,
-  }));
+/** Adds one try's rows to `queues` (by queue, in order of first appearance); busy ids are the try's own. */
+function addTry(queues: Map<string, ReplayQueueCount>, rows: ReplayCountRow[]): void {
+  for (const q of queues.values()) {
+    q.busy = 0;
+    q.busyIds = [];
+  }
+  for (const r of rows) {
+    let q = queues.get(r.queue);
+    if (!q) {
+      q = { queue: r.queue, replayed: 0, skipped: 0, skippedIds: [], busy: 0, busyIds: [] };
+      queues.set(r.queue, q);
+    }
+    q.replayed += r.replayed;
+    q.skipped += r.skipped;
+    q.skippedIds.push(...r.skipped_ids);
+    q.busy += r.busy_ids.length;
+    q.busyIds.push(...r.busy_ids);
+  }
+}
+
+function replayResult(queueCounts: Map<string, ReplayQueueCount>, dryRun: boolean): ReplayResult {
+  const queues = [...queueCounts.values()];
   return {
     dryRun,
     replayed: queues.reduce((n, q) => n + q.replayed, 0),
     skipped: queues.reduce((n, q) => n + q.skipped, 0),
+    busy: queues.reduce((n, q) => n + q.busy, 0),
     queues,
   };
 }
 
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
 /**
  * Move dead letters back into messages, ready now, with their ids kept and their counters reset, and wake
- * the workers of each queue. One statement: all or nothing, and a dead letter whose id is already in
- * messages stays where it is (reported as skipped). `dryRun` reports the same numbers and changes nothing.
+ * the workers of each queue. A dead letter whose id is already in messages stays where it is (reported as
+ * skipped). `dryRun` reports the same numbers and changes nothing.
+ *
+ * Key by key, never waiting on a producer: a key whose lock a producer holds (its transaction is writing
+ * that key) is left for another try, in a new statement after a short pause, while the other keys are
+ * replayed at once; a key's dead letters always move together. Waiting for that lock while holding the
+ * others could deadlock with a plain-SQL producer that takes its keys in another order. Keys still busy
+ * after `busyTimeoutMs` stay dead letters, reported as `busy`. Each try is one statement: on a pool, one
+ * transaction each; in the caller's transaction, the locks taken stay held until it ends.
  */
 export async function replayDeadLetters(
   db: Executor,
   schema: string,
   filter: ReplayFilter,
-  options: { dryRun?: boolean } = {},
+  options: ReplayOptions = {},
 ): Promise<ReplayResult> {
   const names = outboxNames(schema);
-  const params = replayParams(filter);
+  let params = replayParams(filter);
   const dryRun = options.dryRun === true;
-  const statement = dryRun ? previewReplayStatement(names) : replayDeadLettersStatement(names);
-  const rows = await runQuery(db, statement, params);
-  // Events kept for want of a subscriber go to their topic's subscribers of now, not to a queue.
-  const routing = dryRun ? previewRouteUnroutedStatement(names) : routeUnroutedDeadLettersStatement(names);
-  const routed = await runQuery(db, routing, params);
-  return replayResult([...rows, ...routed], dryRun);
+  const busyTimeoutMs = options.busyTimeoutMs ?? DEFAULT_BUSY_TIMEOUT_MS;
+  if (!Number.isFinite(busyTimeoutMs) || busyTimeoutMs < 0) {
+    throw new OutboxConfigError(
+      "busyTimeoutMs",
+      `must be a number of milliseconds >= 0, got ${String(options.busyTimeoutMs)}`,
+    );
+  }
+  const deadline = performance.now() + busyTimeoutMs;
+  const queues = new Map<string, ReplayQueueCount>();
+  for (let tries = 1; ; tries++) {
+    const statement = dryRun ? previewReplayStatement(names) : replayDeadLettersStatement(names);
+    const rows = await runQuery(db, statement, params);
+    // Events kept for want of a subscriber go to their topic's subscribers of now, not to a queue.
+    const routing = dryRun ? previewRouteUnroutedStatement(names) : routeUnroutedDeadLettersStatement(names);
+    const routed = await runQuery(db, routing, params);
+    addTry(queues, [...rows, ...routed]);
+    const busy = [...rows, ...routed].flatMap((r) => r.busy_ids);
+    if (busy.length === 0 || performance.now() >= deadline) break;
+    // Their producers' transactions are short, as a rule: a pause, then only those ids again.
+    const pause = Math.min(BUSY_PAUSE_MAX_MS, BUSY_PAUSE_MIN_MS * 2 ** Math.min(tries - 1, 10));
+    await sleep(Math.min(pause * (0.5 + Math.random() / 2), Math.max(0, deadline - performance.now())));
+    params = { ids: busy, queue: null, reason: null };
+  }
+  return replayResult(queues, dryRun);
 }
 
 /** Delete dead letters older than `olderThanMs` (by dead_at, server clock); `dryRun` only counts them. */

@@ -198,3 +198,21 @@ export function backoffDelay(
   const d = cappedExponential(baseMs, 2, atLeastOne(attempt) - 1, maxMs);
   return equalJitter(d, opts.random ?? Math.random);
 }
+
+/**
+ * The least time a run of `failures` failed loop attempts in a row can span when each waits its
+ * {@link backoffDelay} after the one before: the sum of the shortest waits (half of each capped delay).
+ * 30 failures at the defaults (100 ms doubling to 10 s): 116,350 ms.
+ */
+export function loopGiveUpMs(failures: number, opts: { baseMs: number; maxMs: number }): number {
+  const baseMs = requireMs("baseMs", opts.baseMs);
+  const maxMs = requireMs("maxMs", opts.maxMs);
+  let total = 0;
+  for (let attempt = 1; attempt < failures; attempt++) {
+    const d = cappedExponential(baseMs, 2, attempt - 1, maxMs);
+    // Capped from here on: the rest is a product (maxConsecutiveFailures may be a million).
+    if (d >= maxMs) return total + (failures - attempt) * (maxMs / 2);
+    total += d / 2;
+  }
+  return total;
+}

@@ -235,7 +235,8 @@ const TUNING_DESCRIPTIONS: Record<keyof typeof workerTuningShape, string> = {
   maxAttempts: "failures (transient ones excluded) before retries_exhausted",
   completionBatchSize: "outcomes written per statement at most",
   completionWindowMs: "how long outcomes gather before a write",
-  maxConsecutiveFailures: "failed fetches or writes in a row before the worker gives up (exit 1)",
+  maxConsecutiveFailures:
+    "failed fetches or writes in a row before the worker gives up (exit 1), and never sooner than their shortest backoffs add up to (116 s at the defaults)",
   loopBackoffBaseMs: "first backoff after a database failure",
   loopBackoffMaxMs: "longest backoff after database failures",
   stopTimeoutMs: "how long SIGTERM waits for running handlers",

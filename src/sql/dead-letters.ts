@@ -1,5 +1,5 @@
 import { defineQuery, type NoParams, type Query } from "./executor.js";
-import { KEY_LOCK } from "./key-lock.js";
+import { TRY_KEY_LOCK } from "./key-lock.js";
 import type { OutboxNames } from "./names.js";
 import type { MessageColumns } from "./rows.js";
 
@@ -53,12 +53,16 @@ export function getDeadLetterStatement(names: OutboxNames): Query<{ id: string }
   );
 }
 
-/** Per queue: rows moved back (or that would be) and rows left in place because their id is taken. */
+/**
+ * Per queue: rows moved back (or that would be), rows left in place because their id is taken, and rows
+ * left for another try because a producer held their key's lock (`busy_ids`; never from a preview).
+ */
 export interface ReplayCountRow {
   queue: string;
   replayed: number;
   skipped: number;
   skipped_ids: string[];
+  busy_ids: string[];
 }
 
 /** Which dead letters replay takes: every non-null field must match (all null: every dead letter). */
@@ -80,8 +84,8 @@ const UNROUTED = `(d.reason = 'no_subscribers' AND d.headers ? 'outbox-topic')`;
 const REPLAY_FILTER = `${PICKED} AND NOT ${UNROUTED}`;
 
 /**
- * The dead letters the filter picks, moved back into messages → ReplayCountRow per queue. $4 is the wake
- * channel of `names`.
+ * The dead letters the filter picks whose keys' locks are free, moved back into messages → ReplayCountRow
+ * per queue. $4 is the wake channel of `names`.
  *
  * One statement, so it is one transaction on any executor, a pool included. A dead letter is deleted only
  * when its row was inserted: an id already in messages is skipped (ON CONFLICT) and stays a dead letter.
@@ -89,43 +93,52 @@ const REPLAY_FILTER = `${PICKED} AND NOT ${UNROUTED}`;
  * them twice. The message keeps its id, key, headers and created_at; counters and attempt times start
  * over, and last_error keeps the reason it died so the next delivery is not a mystery. One wake-up per
  * queue that got rows, delivered at commit.
+ *
+ * Key locks are tried, never waited for: a plain-SQL producer's multi-row INSERT takes its keys' locks
+ * in its own row order (the key-head trigger), so any order replay waited in could close a cycle with
+ * it, and Postgres would abort one side (the producer's business transaction, maybe). A key whose lock is
+ * busy keeps all its dead letters for the caller's next try (`busy_ids`), in a new transaction: replay
+ * never waits for a key while holding another. Its rows' trigger takes the lock again, already held.
  */
 export function replayDeadLettersStatement(names: OutboxNames): Query<ReplayParams, ReplayCountRow> {
   return defineQuery(
     "dead_replay",
     `WITH picked AS (
-  -- In id order, so two replays over overlapping rows cannot deadlock on them.
+  -- In id order, so two replays over overlapping rows cannot deadlock on them. All of them are locked
+  -- before any key is tried (the DISTINCT below reads them all), and these rows are no producer's.
   SELECT d.* FROM ${names.deadLetters} AS d
   WHERE ${REPLAY_FILTER}
   ORDER BY d.id
   FOR UPDATE
+), keys AS MATERIALIZED (
+  -- Each key tried once, in (queue, key) order; MATERIALIZED: once per key, however often it is read.
+  SELECT k.queue, k.key, ${TRY_KEY_LOCK("k.queue", "k.key")} AS locked FROM (
+    SELECT DISTINCT x.queue, x.key FROM picked AS x WHERE x.key IS NOT NULL ORDER BY 1, 2
+  ) AS k
+), movable AS (
+  SELECT p.* FROM picked AS p
+  WHERE p.key IS NULL OR EXISTS (SELECT 1 FROM keys AS k WHERE k.queue = p.queue AND k.key = p.key AND k.locked)
 ), inserted AS (
   INSERT INTO ${names.messages}
     (id, queue, payload, headers, key, created_at, available_at, deliveries_count, attempts_count,
      failures_count, last_error)
   OVERRIDING SYSTEM VALUE
-  SELECT p.id, p.queue, p.payload, p.headers, p.key, p.created_at, now(), 0, 0, 0, p.error FROM picked AS p
-  -- Every key's lock before any row, in (queue, key) order as publishMany and follow-ups take them: the
-  -- key-head trigger would otherwise take them row by row, in id order, and deadlock with a producer.
-  CROSS JOIN (
-    SELECT count(*) FROM (
-      SELECT ${KEY_LOCK("k.queue", "k.key")} FROM (
-        SELECT DISTINCT x.queue, x.key FROM picked AS x WHERE x.key IS NOT NULL ORDER BY 1, 2
-      ) AS k
-    ) AS taken
-  ) AS key_locks
+  SELECT p.id, p.queue, p.payload, p.headers, p.key, p.created_at, now(), 0, 0, 0, p.error FROM movable AS p
+  ORDER BY p.id
   ON CONFLICT (id) DO NOTHING
   RETURNING id
 ), removed AS (
   DELETE FROM ${names.deadLetters} AS d USING inserted AS i WHERE d.id = i.id
   RETURNING d.id
 ), outcome AS (
-  SELECT p.queue, count(r.id)::int AS replayed, (count(*) - count(r.id))::int AS skipped,
-         COALESCE(array_agg(p.id::text ORDER BY p.id) FILTER (WHERE r.id IS NULL), '{}') AS skipped_ids
-  FROM picked AS p LEFT JOIN removed AS r ON r.id = p.id
+  SELECT p.queue, count(r.id)::int AS replayed,
+         count(*) FILTER (WHERE r.id IS NULL AND v.id IS NOT NULL)::int AS skipped,
+         COALESCE(array_agg(p.id::text ORDER BY p.id) FILTER (WHERE r.id IS NULL AND v.id IS NOT NULL), '{}') AS skipped_ids,
+         COALESCE(array_agg(p.id::text ORDER BY p.id) FILTER (WHERE v.id IS NULL), '{}') AS busy_ids
+  FROM picked AS p LEFT JOIN movable AS v ON v.id = p.id LEFT JOIN removed AS r ON r.id = p.id
   GROUP BY p.queue
 )
-SELECT o.queue, o.replayed, o.skipped, o.skipped_ids
+SELECT o.queue, o.replayed, o.skipped, o.skipped_ids, o.busy_ids
 FROM outcome AS o
 CROSS JOIN LATERAL (SELECT CASE WHEN o.replayed > 0 THEN pg_notify($4::text, o.queue) END) AS wake
 ORDER BY o.queue`,
@@ -138,7 +151,8 @@ export function previewReplayStatement(names: OutboxNames): Query<ReplayParams, 
   return defineQuery(
     "dead_replay_preview",
     `SELECT d.queue, count(*) FILTER (WHERE m.id IS NULL)::int AS replayed, count(m.id)::int AS skipped,
-       COALESCE(array_agg(d.id::text ORDER BY d.id) FILTER (WHERE m.id IS NOT NULL), '{}') AS skipped_ids
+       COALESCE(array_agg(d.id::text ORDER BY d.id) FILTER (WHERE m.id IS NOT NULL), '{}') AS skipped_ids,
+       '{}'::text[] AS busy_ids
 FROM ${names.deadLetters} AS d LEFT JOIN ${names.messages} AS m ON m.id = d.id
 WHERE ${REPLAY_FILTER}
 GROUP BY d.queue
@@ -150,22 +164,26 @@ ORDER BY d.queue`,
 /**
  * The picked dead letters that were kept for want of a subscriber, fanned out to the queues subscribed to
  * their topic now (route_unrouted, migrations/functions/) → ReplayCountRow per topic: those still without a
- * subscriber stay, reported as skipped. One wake-up per queue that got a copy. $4 is the wake channel.
+ * subscriber stay, reported as skipped; those with subscribers that stayed found a key's lock busy
+ * (route_unrouted tries them), reported in `busy_ids` for another try. One wake-up per queue that got a
+ * copy. $4 is the wake channel.
  */
 export function routeUnroutedDeadLettersStatement(names: OutboxNames): Query<ReplayParams, ReplayCountRow> {
   return defineQuery(
     "dead_route_unrouted",
     `WITH picked AS MATERIALIZED (
-  SELECT d.id, d.queue FROM ${names.deadLetters} AS d WHERE ${PICKED} AND ${UNROUTED}
+  SELECT d.id, d.queue, d.headers ->> 'outbox-topic' AS topic FROM ${names.deadLetters} AS d WHERE ${PICKED} AND ${UNROUTED}
 ), routed AS MATERIALIZED (
   SELECT r.dead_id, r.queue FROM ${names.quotedSchema}.route_unrouted(ARRAY(SELECT p.id FROM picked AS p)) AS r
 ), woken AS MATERIALIZED (
   SELECT count(pg_notify($4::text, q.queue)) AS n FROM (SELECT DISTINCT x.queue FROM routed AS x) AS q
 )
 SELECT p.queue, count(DISTINCT r.dead_id)::int AS replayed,
-       (count(DISTINCT p.id) - count(DISTINCT r.dead_id))::int AS skipped,
-       COALESCE(array_agg(DISTINCT p.id::text) FILTER (WHERE r.dead_id IS NULL), '{}') AS skipped_ids
+       count(DISTINCT p.id) FILTER (WHERE r.dead_id IS NULL AND s.n = 0)::int AS skipped,
+       COALESCE(array_agg(DISTINCT p.id::text) FILTER (WHERE r.dead_id IS NULL AND s.n = 0), '{}') AS skipped_ids,
+       COALESCE(array_agg(DISTINCT p.id::text) FILTER (WHERE r.dead_id IS NULL AND s.n > 0), '{}') AS busy_ids
 FROM picked AS p LEFT JOIN routed AS r ON r.dead_id = p.id CROSS JOIN woken AS w
+CROSS JOIN LATERAL (SELECT cardinality(${names.quotedSchema}.topic_queues(p.topic)) AS n) AS s
 GROUP BY p.queue
 ORDER BY p.queue`,
     (p) => [...replayValues(p), names.channel],
@@ -177,7 +195,8 @@ export function previewRouteUnroutedStatement(names: OutboxNames): Query<ReplayP
   return defineQuery(
     "dead_route_unrouted_preview",
     `SELECT d.queue, count(*) FILTER (WHERE s.n > 0)::int AS replayed, count(*) FILTER (WHERE s.n = 0)::int AS skipped,
-       COALESCE(array_agg(d.id::text ORDER BY d.id) FILTER (WHERE s.n = 0), '{}') AS skipped_ids
+       COALESCE(array_agg(d.id::text ORDER BY d.id) FILTER (WHERE s.n = 0), '{}') AS skipped_ids,
+       '{}'::text[] AS busy_ids
 FROM ${names.deadLetters} AS d
 CROSS JOIN LATERAL (SELECT cardinality(${names.quotedSchema}.topic_queues(d.headers ->> 'outbox-topic')) AS n) AS s
 WHERE ${PICKED} AND ${UNROUTED}

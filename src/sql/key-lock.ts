@@ -1,10 +1,11 @@
 /**
  * The transaction-scoped advisory lock on one (queue, key), as SQL taking two text expressions. Producers
  * hold it until commit (so same-key rows commit in id order); a completion that removes a key's head tries
- * it, so it never promotes a successor while a producer of that key is still in flight. The key-head
- * trigger's function and every function that removes or adds a key's rows (migrations/functions/:
- * mark_key_head, ack_keyed, ack_key_heads, dead_letter, cancel, fan_out, route_unrouted) take the same lock:
- * keep the spellings identical.
+ * it, so it never promotes a successor while a producer of that key is still in flight; replay tries it
+ * too (a plain-SQL producer locks its keys in its own row order, so waiting in any order could deadlock).
+ * The key-head trigger's function and every function that removes or adds a key's rows
+ * (migrations/functions/: mark_key_head, ack_keyed, ack_key_heads, dead_letter, cancel, fan_out,
+ * route_unrouted) take the same lock: keep the spellings identical.
  */
 export const KEY_LOCK = (queue: string, key: string): string =>
   `pg_advisory_xact_lock(hashtext(${queue}), hashtext(${key}))`;

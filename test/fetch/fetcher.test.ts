@@ -24,6 +24,8 @@ function harness(options: {
   batchSize?: number;
   /** Free local slots (default 10). */
   free?: number;
+  /** The fetcher's monotonic clock (default: the fake Date's). */
+  now?: () => number;
 }) {
   const steps = options.steps ?? [];
   const at: number[] = [];
@@ -53,6 +55,7 @@ function harness(options: {
     onError: (_error, consecutive) => void errors.push(consecutive),
     onFatal: (error) => void fatal.push(error),
     random: options.random,
+    now: options.now ?? (() => Date.now()),
   });
   fetcher.setWakeUps(options.wakeUps ?? true);
   return {
@@ -131,8 +134,8 @@ describe("Fetcher poll schedule", () => {
 
     const low = harness({ random: fixed(0), steps: [boom(), boom(), boom()] });
     await runFor(3000, low.fetcher);
-    // random 0: half of 100, 200, 400, then the schedule's 0.8×.
-    expect(low.gaps().slice(0, 3)).toEqual([40, 80, 160]);
+    // random 0: half of 100, 200, 400, and no poll jitter on top (loopGiveUpMs counts on these halves).
+    expect(low.gaps().slice(0, 3)).toEqual([50, 100, 200]);
   });
 
   it("after maxConsecutiveFailures failed fetches in a row it reports fatal and fetches no more", async () => {
@@ -163,6 +166,77 @@ describe("Fetcher poll schedule", () => {
     await h.fetcher.stop();
     expect(h.at.slice(0, 4)).toEqual([0, 200, 600, 1400]);
     expect(h.at.slice(4, 8)).toEqual([1600, 1700, 1800, 1900]);
+  });
+});
+
+/** Let real event-loop turns pass (setImmediate is not faked): wake-ups run on them. */
+async function turns(n: number) {
+  for (let i = 0; i < n; i++) await new Promise((resolve) => setImmediate(resolve));
+}
+
+describe("Fetcher backoff (issue 41.5)", () => {
+  it("while fetches fail, wake-ups fetch nothing: a burst of slotsFreed() and trigger() during the backoff adds no lease attempt", async () => {
+    // A full batch (so freed slots would fetch), then two failures, then the database is back.
+    const h = harness({
+      random: fixed(1),
+      backoffBaseMs: 100,
+      backoffMaxMs: 400,
+      minBatch: 10,
+      batchSize: 10,
+      steps: [10, boom(), boom(), 0],
+    });
+    h.fetcher.start();
+    await turns(5);
+    expect(h.at).toEqual([0, 0]);
+    expect(h.fetcher.backlog).toBe(true);
+    // What failing inbox checks did: every dispatch loop freed a slot, one event-loop turn after another.
+    const burst = async () => {
+      for (let i = 0; i < 50; i++) {
+        h.fetcher.slotsFreed();
+        h.fetcher.trigger();
+        await turns(1);
+      }
+    };
+    await burst();
+    expect(h.at, "no fetch before the first backoff ran out").toEqual([0, 0]);
+    await vi.advanceTimersByTimeAsync(100);
+    await burst();
+    expect(h.at, "the backoff timer fetched, and only it").toEqual([0, 0, 100]);
+    await vi.advanceTimersByTimeAsync(200);
+    expect(h.errors).toEqual([1, 2]);
+    expect(h.at).toEqual([0, 0, 100, 300]);
+    // Recovered: a wake-up fetches at once again.
+    h.fetcher.trigger();
+    await turns(5);
+    expect(h.at).toEqual([0, 0, 100, 300, 300]);
+    await h.fetcher.stop();
+  });
+
+  it("a listener that drops during the backoff (wake-ups lost) does not replace the backoff with a poll", async () => {
+    // Empty polls back off to 800 ms; the fetch at 1400 fails: the next one is the backoff's, 300 ms on.
+    const h = harness({ random: fixed(1), backoffBaseMs: 300, steps: [0, 0, 0, boom(), 0] });
+    h.fetcher.start();
+    await vi.advanceTimersByTimeAsync(1450);
+    expect(h.at).toEqual([0, 200, 600, 1400]);
+    h.fetcher.setWakeUps(false);
+    await vi.advanceTimersByTimeAsync(550);
+    await h.fetcher.stop();
+    expect(h.at.slice(0, 5)).toEqual([0, 200, 600, 1400, 1700]);
+  });
+
+  it("gives up only when the run of failures also lasted the backoffs' shortest total (loopGiveUpMs) on its clock", async () => {
+    // random 0: each backoff is its shortest (50, 100, 200 ms), so 3 failures take exactly 150 ms.
+    const steps = [boom(), boom(), boom(), boom(), boom()];
+    const onTime = harness({ random: fixed(0), maxConsecutiveFailures: 3, steps });
+    await runFor(5000, onTime.fetcher);
+    expect(onTime.errors).toEqual([1, 2, 3]);
+    expect(onTime.fatal).toHaveLength(1);
+    // A clock that shows half the time the timers took (a count reached faster than the backoffs allow):
+    // 75 ms at the third failure, so it backs off once more and gives up at the fourth (175 ms).
+    const slow = harness({ random: fixed(0), maxConsecutiveFailures: 3, steps, now: () => Date.now() / 2 });
+    await runFor(5000, slow.fetcher);
+    expect(slow.errors).toEqual([1, 2, 3, 4]);
+    expect(slow.fatal).toHaveLength(1);
   });
 });
 

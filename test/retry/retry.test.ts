@@ -9,6 +9,7 @@ import {
   exponential,
   giveUpAfter,
   linear,
+  loopGiveUpMs,
   none,
   type RetryContext,
   type RetryStrategy,
@@ -355,6 +356,22 @@ describe("decide", () => {
         },
       ),
     );
+  });
+});
+
+describe("loopGiveUpMs", () => {
+  it("is the sum of the shortest backoffs between a run's failures: 116,350 ms for 30 at the defaults", () => {
+    const opts = { baseMs: 100, maxMs: 10_000 };
+    const shortest = (n: number) => {
+      let total = 0;
+      for (let a = 1; a < n; a++) total += backoffDelay(a, { ...opts, random: fixed(0) });
+      return total;
+    };
+    expect(loopGiveUpMs(30, opts)).toBe(116_350);
+    for (const n of [1, 2, 3, 8, 9, 30, 100]) expect(loopGiveUpMs(n, opts)).toBe(shortest(n));
+    // A million failures (the option's maximum) without a million-step loop; no overflow.
+    expect(loopGiveUpMs(1_000_000, opts)).toBe(6350 + (1_000_000 - 8) * 5000);
+    expect(loopGiveUpMs(5, { baseMs: 0, maxMs: 10_000 })).toBe(0);
   });
 });
 

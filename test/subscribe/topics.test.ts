@@ -340,8 +340,8 @@ describe("managing subscriptions", () => {
     });
     const preview = await replayDeadLetters(db.pool, schema, { reason: "no_subscribers" }, { dryRun: true });
     expect(preview.queues.filter((q) => q.queue.startsWith("t8."))).toEqual([
-      { queue: "t8.late", replayed: 0, skipped: 1, skippedIds: [expect.any(String)] },
-      { queue: "t8.never", replayed: 0, skipped: 1, skippedIds: [expect.any(String)] },
+      { queue: "t8.late", replayed: 0, skipped: 1, skippedIds: [expect.any(String)], busy: 0, busyIds: [] },
+      { queue: "t8.never", replayed: 0, skipped: 1, skippedIds: [expect.any(String)], busy: 0, busyIds: [] },
     ]);
     await subscribe(db.pool, { schema, topic: "t8.*", queue: "t8.one" });
     await subscribe(db.pool, { schema, topic: "t8.late", queue: "t8.two" });
@@ -349,8 +349,8 @@ describe("managing subscriptions", () => {
     await subscribe(db.pool, { schema, topic: "t8.late", queue: "t8.one" });
     const result = await replayDeadLetters(db.pool, schema, { reason: "no_subscribers" });
     expect(result.queues.filter((q) => q.queue.startsWith("t8."))).toEqual([
-      { queue: "t8.late", replayed: 1, skipped: 0, skippedIds: [] },
-      { queue: "t8.never", replayed: 0, skipped: 1, skippedIds: [expect.any(String)] },
+      { queue: "t8.late", replayed: 1, skipped: 0, skippedIds: [], busy: 0, busyIds: [] },
+      { queue: "t8.never", replayed: 0, skipped: 1, skippedIds: [expect.any(String)], busy: 0, busyIds: [] },
     ]);
     const copies = (await rows()).filter((r) => r.queue.startsWith("t8."));
     expect(copies.map((r) => [r.queue, r.key, r.headers, r.payload])).toEqual([

@@ -296,6 +296,53 @@ describe("worker inbox", () => {
   });
 });
 
+describe("a brief Postgres outage under a worker with an inbox queue (issue 41.5)", () => {
+  it("the worker backs off and carries on: failing inbox checks free slots in a burst, and no freed slot fetches before the backoff ends", async () => {
+    // A backlog, so the local queue is full and each fetch fills its batch: freed slots then fetch.
+    const seeded = await db.pool.query<{ id: string }>(
+      `INSERT INTO ${db.names.messages} (queue, payload) SELECT 'ob', jsonb_build_object('g', g) FROM generate_series(1, 2000) AS g RETURNING id::text AS id`,
+    );
+    const ids = seeded.rows.map((r) => r.id);
+    const handled = new Set<string>();
+    const maxConsecutiveFailures = 10;
+    const worker = await workers.start({
+      connection: throughProxy(db.url, proxy),
+      // The default backoff (100 ms doubling to 10 s): 10 failures in a row take 16 s at the least.
+      maxConsecutiveFailures,
+      queues: { ob: { inbox: true, handler: async (_p, m) => void handled.add(m.id) } },
+    });
+    let fatal: Error | undefined;
+    worker.on("fatal", (e) => {
+      fatal = e.error;
+    });
+    let fetchFailures = 0;
+    let completeFailures = 0;
+    worker.on("loop_error", (e) => {
+      if (e.loop === "fetch") fetchFailures = Math.max(fetchFailures, e.consecutive);
+      if (e.loop === "complete") completeFailures = Math.max(completeFailures, e.consecutive);
+    });
+    await until(() => handled.size >= 200, "deliveries flowing");
+
+    // Postgres gone (every connection reset, new ones refused): the inbox checks of the queued rows fail at
+    // once, each a transient retry that frees its slot. Back once the completer, on its own backoff, has
+    // failed 4 times in a row (about half a second).
+    proxy.cut();
+    await until(() => completeFailures >= 4 || fatal !== undefined, "the completer backed off 4 times");
+    const failuresDuringOutage = fetchFailures;
+    proxy.restore();
+    expect(fatal, "the worker gave up during the outage").toBeUndefined();
+    expect(failuresDuringOutage, "the outage was seen").toBeGreaterThan(0);
+    // Only the backoff timer fetched: a few failures in half a second, far from the threshold.
+    expect(failuresDuringOutage).toBeLessThan(maxConsecutiveFailures);
+
+    await expect.poll(() => handled.size, { timeout: 120_000 }).toBe(ids.length);
+    await expect.poll(() => count(db.names.messages), { timeout: 60_000 }).toBe(0);
+    expect(fatal).toBeUndefined();
+    expect(fetchFailures).toBeLessThan(maxConsecutiveFailures);
+    expect([...handled].sort()).toEqual([...ids].sort());
+  });
+});
+
 describe("inbox retention", () => {
   it("deletes records older than the retention in batches and keeps the newer ones", async () => {
     await db.pool.query(
