@@ -354,8 +354,13 @@ BEGIN
       -- Locks in the order every completion takes them: the key's lock, then the row. The key's lock is
       -- waited for (a producer of the key may be in flight: a promotion now could miss its row) holding
       -- nothing of this cancel's; the row is only tried (SKIP LOCKED): a row a worker locks is its own.
+      -- A keyless message has no key lock: its dedupe key's own one (apart from the key locks: 'cancel '
+      -- salts the queue's hash) makes a second cancel of it wait for the first one's transaction, so that
+      -- the row lock of a cancel's deletion is never taken for a worker's.
       IF found_key IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(hashtext(cancel_queue), hashtext(found_key));
+      ELSE
+        PERFORM pg_advisory_xact_lock(hashtext('cancel ' || cancel_queue), hashtext(cancel_dedupe_key));
       END IF;
       PERFORM 1 FROM outbox.messages AS t
       WHERE t.id = found_id AND t.dedupe_key = cancel_dedupe_key

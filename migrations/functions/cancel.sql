@@ -7,14 +7,16 @@
 -- another transaction has not committed yet).
 -- SECURITY DEFINER with search_path pinned: a producer role cancels without DELETE on messages, and only
 -- by dedupe key (a message published without one cannot be cancelled this way).
--- Never waits for a row lock, so never for a batch or a handler: a transaction-held batch (leaseMode
--- "transaction") keeps its rows locked from its lease to its commit, and its ack is written just before that
--- commit; a row still locked is held (or being taken) by a worker, and deleting it later could delete a row
--- whose handler ran. The only wait is for the key's advisory lock (a producer of the key in flight, or a
--- completion writing that key's outcome: never held across a handler), and nothing is held meanwhile. The
--- key lock is kept only with a deletion (until the caller's commit, as publish keeps it); otherwise it is
--- released at once (its subtransaction rolls back), so a worker's keyed ack of the key's head never finds
--- it busy because of a cancel that deleted nothing.
+-- Never waits for a row lock, so never for a batch's handlers: a transaction-held batch (leaseMode
+-- "transaction") keeps its rows locked from its lease to the commit that writes their outcomes; a row
+-- still locked is held (or being taken) by a worker, and deleting it once free could delete a row whose
+-- handler ran. The only waits are for an advisory lock, holding nothing of this cancel's meanwhile: the
+-- key's (a producer of the key in flight, a cancel of the key's rows not committed yet, or a completion
+-- writing the key's outcomes just before its commit: never held across a handler), or for a keyless
+-- message its dedupe key's (another cancel of it not committed yet). The lock is kept only with a deletion
+-- (until the caller's commit, as publish keeps the key's); otherwise it is released at once (its
+-- subtransaction rolls back), so a worker's keyed ack never finds the key busy because of a cancel that
+-- deleted nothing.
 CREATE OR REPLACE FUNCTION {{schema}}.cancel(cancel_queue text, cancel_dedupe_key text)
 RETURNS TABLE (status text, id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -51,8 +53,13 @@ BEGIN
       -- Locks in the order every completion takes them: the key's lock, then the row. The key's lock is
       -- waited for (a producer of the key may be in flight: a promotion now could miss its row) holding
       -- nothing of this cancel's; the row is only tried (SKIP LOCKED): a row a worker locks is its own.
+      -- A keyless message has no key lock: its dedupe key's own one (apart from the key locks: 'cancel '
+      -- salts the queue's hash) makes a second cancel of it wait for the first one's transaction, so that
+      -- the row lock of a cancel's deletion is never taken for a worker's.
       IF found_key IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(hashtext(cancel_queue), hashtext(found_key));
+      ELSE
+        PERFORM pg_advisory_xact_lock(hashtext('cancel ' || cancel_queue), hashtext(cancel_dedupe_key));
       END IF;
       PERFORM 1 FROM {{schema}}.messages AS t
       WHERE t.id = found_id AND t.dedupe_key = cancel_dedupe_key

@@ -233,6 +233,44 @@ describe("cancel and row locks", () => {
     expect(await count("id = $1", [row.id])).toBe(1);
   });
 
+  it.each([
+    ["keyless", undefined],
+    ["keyed", "K"],
+  ])(
+    "a second cancel of a %s message another cancel removed answers not_found once that one commits, never delivering",
+    async (_kind, key) => {
+      const row = await db.inTransaction((c) =>
+        outbox.publish(c, "jobs", {}, { dedupeKey: "twice", ...(key ? { key } : {}) }),
+      );
+      const first = await db.pool.connect();
+      const second = await db.pool.connect();
+      try {
+        await first.query("BEGIN");
+        expect(await outbox.cancel(first, "jobs", "twice")).toEqual({ status: "cancelled", id: row.id });
+        await second.query("BEGIN");
+        // The first's deletion locks the row: a lock no worker holds. The second waits for the first's
+        // transaction (an advisory lock only cancels and producers take), not a worker's.
+        const pid = await backendPid(second);
+        let settled = false;
+        const answer = outbox.cancel(second, "jobs", "twice").finally(() => {
+          settled = true;
+        });
+        await until(
+          async () => settled || (await waitingForLock(pid)),
+          "the second cancel answered or waiting",
+        );
+        await first.query("COMMIT");
+        expect(await answer).toEqual({ status: "not_found" });
+        await second.query("COMMIT");
+      } finally {
+        await first.query("ROLLBACK").catch(() => {});
+        await second.query("ROLLBACK").catch(() => {});
+        first.release();
+        second.release();
+      }
+    },
+  );
+
   it("a message waiting for a retry (its handler failed) is still cancelled", async () => {
     const row = await db.inTransaction((c) => outbox.publish(c, "jobs", {}, { dedupeKey: "retrying" }));
     const failed = gate();
