@@ -76,8 +76,8 @@ describe.each(["transaction", "token"] as const)("cancel racing a worker (leaseM
   it("never answers cancelled for a message whose handler ran, and never makes a batch commit without its ack", {
     timeout: 120_000,
   }, async () => {
-    // 40 keys × 5 messages, each with a dedupe key; every handler cancels its own message while it runs
-    // (racing the ack) and every other one a later message of its key (racing the promotion).
+    // 40 keys × 5 messages, each with a dedupe key. Every handler cancels its own message while it holds
+    // it (racing its ack), and every other message also a later one of its key (racing the promotion).
     const KEYS = 40;
     const PER_KEY = 5;
     const dedupe = (k: number, n: number) => `k${k}-${n}`;
@@ -109,7 +109,8 @@ describe.each(["transaction", "token"] as const)("cancel racing a worker (leaseM
           // Not awaited: a handler waiting for a cancel that waits for its batch would never end.
           cancel(dedupe(k, n));
           if (n % 2 === 0 && n + 2 < PER_KEY) cancel(dedupe(k, n + 2));
-          // A turn of the event loop, so the cancels reach the server while the delivery is held.
+          // Returns without them: the row stays held until the ack (in transaction mode, until the batch's
+          // last handler ended and it commits), so the cancels land before, during and after it.
           await new Promise((resolve) => setImmediate(resolve));
         },
       },
