@@ -326,30 +326,54 @@ AS $function$
 DECLARE
   found_id bigint;
   found_key text;
+  found_held boolean;
   gone_id bigint;
   gone_key text;
   gone_head boolean;
 BEGIN
-  -- Bounded: each round either ends or saw the row change under it (acked, or replaced by a new message
-  -- with the same dedupe key) between its read and its delete.
+  -- Bounded: each round either ends or saw the row go (acked, or replaced by a new message with the same
+  -- dedupe key) between its read and its lock.
   FOR attempt IN 1 .. 5 LOOP
-    SELECT m.id, m.key INTO found_id, found_key FROM outbox.messages AS m
+    -- A lease is live until lease_expires_at on the server clock: statement_timestamp(), not the caller's
+    -- transaction start (now()), which may be long past. An expired lease's holder is presumed dead (a
+    -- fetch would take the row over) and is fenced by its token: its late ack writes nothing.
+    SELECT m.id, m.key, m.acquired_token IS NOT NULL AND m.lease_expires_at > statement_timestamp()
+    INTO found_id, found_key, found_held
+    FROM outbox.messages AS m
     WHERE m.queue = cancel_queue AND m.dedupe_key = cancel_dedupe_key;
     IF found_id IS NULL THEN
       RETURN QUERY SELECT 'not_found'::text, NULL::bigint;
       RETURN;
     END IF;
-    IF found_key IS NOT NULL THEN
-      PERFORM pg_advisory_xact_lock(hashtext(cancel_queue), hashtext(found_key));
+    -- Held by a live lease, or by a batch whose transaction is in progress (its guard names the row): the
+    -- answer needs no lock, and the key's lock is left to the worker's ack.
+    IF found_held OR EXISTS (SELECT 1 FROM outbox.batch_leased() AS b WHERE b.id = found_id) THEN
+      RETURN QUERY SELECT 'delivering'::text, found_id;
+      RETURN;
     END IF;
-    -- A lease is live until lease_expires_at on the server clock: statement_timestamp(), not the caller's
-    -- transaction start (now()), which may be long past. An expired lease's holder is fenced by its token:
-    -- its late ack writes nothing.
-    DELETE FROM outbox.messages AS t
-    WHERE t.id = found_id AND t.dedupe_key = cancel_dedupe_key
-      AND (t.acquired_token IS NULL OR t.lease_expires_at <= statement_timestamp())
-    RETURNING t.id, t.key, t.head INTO gone_id, gone_key, gone_head;
-    IF gone_id IS NOT NULL THEN
+    BEGIN
+      -- Locks in the order every completion takes them: the key's lock, then the row. The key's lock is
+      -- waited for (a producer of the key may be in flight: a promotion now could miss its row) holding
+      -- nothing of this cancel's; the row is only tried (SKIP LOCKED): a row a worker locks is its own.
+      -- A keyless message has no key lock: its dedupe key's own one (apart from the key locks: 'cancel '
+      -- salts the queue's hash) makes a second cancel of it wait for the first one's transaction, so that
+      -- the row lock of a cancel's deletion is never taken for a worker's.
+      IF found_key IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(hashtext(cancel_queue), hashtext(found_key));
+      ELSE
+        PERFORM pg_advisory_xact_lock(hashtext('cancel ' || cancel_queue), hashtext(cancel_dedupe_key));
+      END IF;
+      PERFORM 1 FROM outbox.messages AS t
+      WHERE t.id = found_id AND t.dedupe_key = cancel_dedupe_key
+        AND (t.acquired_token IS NULL OR t.lease_expires_at <= statement_timestamp())
+      FOR UPDATE OF t SKIP LOCKED;
+      IF NOT FOUND THEN
+        -- Locked by another transaction, leased meanwhile, or gone: this round took nothing (the key's
+        -- lock goes with the subtransaction).
+        RAISE EXCEPTION USING ERRCODE = 'OXC01';
+      END IF;
+      DELETE FROM outbox.messages AS t WHERE t.id = found_id
+      RETURNING t.id, t.key, t.head INTO gone_id, gone_key, gone_head;
       -- The key's successor becomes head as after an ack of the head: its own statement (a fresh snapshot
       -- seeing every row a producer of the key committed), holding the key's lock. No hand-off: nobody here
       -- runs handlers.
@@ -359,10 +383,13 @@ BEGIN
       END IF;
       RETURN QUERY SELECT 'cancelled'::text, gone_id;
       RETURN;
-    END IF;
+    EXCEPTION WHEN SQLSTATE 'OXC01' THEN
+      NULL;
+    END;
+    -- Still there: a worker holds it or is taking it (a batch whose guard is not committed yet, a fetch, a
+    -- completion of its lease). Gone: look again (acked, or a new message with the key).
     IF EXISTS (SELECT 1 FROM outbox.messages AS t
-               WHERE t.id = found_id AND t.dedupe_key = cancel_dedupe_key
-                 AND t.acquired_token IS NOT NULL AND t.lease_expires_at > statement_timestamp()) THEN
+               WHERE t.id = found_id AND t.dedupe_key = cancel_dedupe_key) THEN
       RETURN QUERY SELECT 'delivering'::text, found_id;
       RETURN;
     END IF;

@@ -45,9 +45,11 @@ export interface DedupedPublish {
 }
 
 /**
- * What `cancel` did: `cancelled` (the pending message is gone, in your transaction), `delivering` (a live
- * lease holds it: it stays, and its handler runs or has run), or `not_found` (no pending message has the
- * key: never published, already delivered, or published by a transaction not yet committed).
+ * What `cancel` did: `cancelled` (the pending message is gone, in your transaction), `delivering` (a worker
+ * holds it: a live lease, or in leaseMode "transaction" its batch's transaction; it stays, and its handler
+ * runs or has run), or `not_found` (no pending message has the key: never published, already delivered, or
+ * published by a transaction not yet committed). Never `cancelled` for a message a live worker holds or
+ * whose success was recorded.
  */
 export type CancelResult =
   | { status: "cancelled"; id: string }

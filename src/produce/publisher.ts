@@ -121,9 +121,11 @@ export interface Publisher {
     items: readonly PublishItem<I>[],
   ): Promise<string[]>;
   /**
-   * Remove the pending message of `queue` with `dedupeKey`, in the caller's transaction, unless a live
-   * lease holds it (its handler is running: `delivering`, kept). A removed head of an ordered key hands
-   * its turn to the key's next message, as an ack does.
+   * Remove the pending message of `queue` with `dedupeKey`, in the caller's transaction, unless a worker
+   * holds it (a live lease, or in leaseMode "transaction" its batch's transaction: `delivering`, kept;
+   * answered at once, never after the handler). A removed head of an ordered key hands its turn to the
+   * key's next message, as an ack does; a removed keyed message keeps its key's lock until the caller's
+   * transaction ends, as a publish of the key does.
    */
   cancel<I, O>(trx: Executor, queue: QueueRef<I, O>, dedupeKey: string): Promise<CancelResult>;
   /**
