@@ -1,7 +1,9 @@
 import type { ListenerState } from "../notify/notifier.js";
 
-/** The write that found the lease gone, in a `lease_lost` event. */
-/** Where a lease was found lost; `start`: a queued row whose lease could not be confirmed before its handler. */
+/**
+ * The write that found the lease gone, in a `lease_lost` event; `start`: a queued row whose lease (or batch)
+ * the worker could not confirm as still its own before starting its handler (it was frozen, or cut off).
+ */
 export type LeasePhase = "heartbeat" | "ack" | "retry" | "dead" | "release" | "start";
 export type LoopName = "fetch" | "complete" | "heartbeat" | "release" | "listener";
 
