@@ -1,7 +1,7 @@
 /**
  * Issue 41, item 3: a crash loop dead-letters its neighbours. One poison message (payload {poison: true}, the
  * `--poison-at`th of `--messages` published on one queue, in one transaction) kills its worker with SIGKILL
- * every time it runs. Three worker processes (bench/crash-loop-worker.ts: `maxDeliveries` 5, `concurrency` 4,
+ * every time it runs. Three worker processes (test/support/fixtures/crash-loop-worker.ts: `maxDeliveries` 5, `concurrency` 4,
  * `batchSize` 20, `leaseTtlMs` `--lease-ttl`, polls 20–200 ms) are restarted by a supervisor loop here
  * whenever one exits, until `messages` is empty (every row acked or dead-lettered) or `--cap` seconds pass.
  * Every handler run is written to a ledger table (id, worker, deliveries, at) before the handler does anything.
@@ -37,7 +37,7 @@ const LEASE_TTL = Number(arg("lease-ttl", "2000"));
 const CAP_MS = Number(arg("cap", "120")) * 1000;
 const WORKERS = 3;
 const QUEUE = "crash.loop";
-const FIXTURE = fileURLToPath(new URL("./crash-loop-worker.ts", import.meta.url));
+const FIXTURE = fileURLToPath(new URL("../test/support/fixtures/crash-loop-worker.ts", import.meta.url));
 
 const schema = "bench_crash_loop";
 const names = outboxNames(schema);

@@ -11,7 +11,14 @@ import {
   runQuery,
   statement,
 } from "../sql/executor.js";
-import { type HeldByTransactionRow, heldByTransactionStatement, type LeasedRow } from "../sql/fetch.js";
+import {
+  type HeldByTransactionRow,
+  heldAloneStatement,
+  heldByTransactionStatement,
+  type LeasedRow,
+  suspectsWaitingStatement,
+} from "../sql/fetch.js";
+import { suspectSet } from "../sql/lease-guards.js";
 import type { OutboxNames } from "../sql/names.js";
 import { COMMIT, ROLLBACK_TO_SAVEPOINT, SAVEPOINT } from "../sql/transaction.js";
 import { createPgLeaseStore } from "./pg-store.js";
@@ -107,13 +114,20 @@ export interface HeldBatch {
 const BUSY_GIVE_UP_MS = 5_000;
 
 export interface BatchLeaser {
-  /** Leases up to `limit` rows in a new transaction → the batch, or undefined (none due; nothing held). */
-  lease(limit: number, maxBytes?: number): Promise<HeldBatch | undefined>;
+  /**
+   * Leases up to `limit` rows in a new transaction → the batch, or undefined (none due; nothing held).
+   * `alone`: the one oldest row held through a crash instead (see LeaseStore.leaseAlone), or none.
+   */
+  lease(limit: number, maxBytes?: number, alone?: boolean): Promise<HeldBatch | undefined>;
+  /** Whether a row held through a crash waits (LeaseStore.suspectsWaiting). */
+  suspectsWaiting(): Promise<boolean>;
 }
 
 export function createBatchLeaser(options: BatchLeaseOptions): BatchLeaser {
   const { names, queryTimeoutMs: timeoutMs } = options;
   const select = heldByTransactionStatement(names, options.queues.length === 1);
+  const selectAlone = heldAloneStatement(names);
+  const suspects = suspectsWaitingStatement(names);
   const guards = `${names.quotedSchema}.lease_guards`;
   const insertGuard = defineQuery<{ ids: string; xid: string }, { id: string }>(
     "lease_guard",
@@ -154,15 +168,16 @@ SELECT pg_xact_status($3::xid8) IS DISTINCT FROM 'in progress' AS done`,
   const strike = defineQuery<{ guards: string; ids: string }, never>(
     "lease_guard_strike",
     `WITH g AS (
-  SELECT id, ids FROM ${guards} WHERE id = ANY ($1::bigint[]) AND ids && $2::bigint[] FOR UPDATE
+  SELECT id, ids, worker FROM ${guards} WHERE id = ANY ($1::bigint[]) AND ids && $2::bigint[] FOR UPDATE
 ), named AS (
-  SELECT u.id, count(*)::int AS n FROM g CROSS JOIN LATERAL unnest(g.ids) AS u(id)
+  SELECT u.id, count(*)::int AS n, min(g.worker) AS worker FROM g CROSS JOIN LATERAL unnest(g.ids) AS u(id)
   WHERE u.id = ANY ($2::bigint[]) GROUP BY u.id
 ), struck AS (
   UPDATE ${guards} AS k SET ids = ARRAY(SELECT x FROM unnest(k.ids) AS x WHERE x <> ALL ($2::bigint[]))
   FROM g WHERE k.id = g.id
 )
-UPDATE ${names.messages} AS t SET deliveries_count = LEAST(t.deliveries_count::bigint + n.n, 2147483647)::int
+UPDATE ${names.messages} AS t SET deliveries_count = LEAST(t.deliveries_count::bigint + n.n, 2147483647)::int,
+  ${suspectSet("n.worker")}
 FROM named AS n WHERE t.id = n.id`,
     (p) => [p.guards, p.ids],
   );
@@ -173,7 +188,17 @@ FROM named AS n WHERE t.id = n.id`,
   );
 
   return {
-    async lease(limit, maxBytes) {
+    async suspectsWaiting() {
+      const [row] = await runQuery(
+        options.pool(),
+        suspects,
+        { queues: options.queues, unorderedQueues: options.unorderedQueues },
+        opts(),
+      );
+      return row?.waiting === true;
+    },
+
+    async lease(limit, maxBytes, alone = false) {
       const client = await options.pool().connect();
       // Held for the batch's whole run, idle between statements: a server ending the session (a restart, a
       // terminated backend, the idle timeout) errors the client then, not during a statement. pg-pool only
@@ -200,17 +225,24 @@ FROM named AS n WHERE t.id = n.id`,
       try {
         // Several statements in one string: the simple protocol, never named.
         await run(client, begin, [], { timeoutMs });
-        rows = await runQuery(
-          client,
-          select,
-          {
-            queues: options.queues,
-            unorderedQueues: options.unorderedQueues,
-            limit,
-            ...(maxBytes === undefined ? {} : { maxBytes }),
-          },
-          opts(),
-        );
+        rows = alone
+          ? await runQuery(
+              client,
+              selectAlone,
+              { queues: options.queues, unorderedQueues: options.unorderedQueues },
+              opts(),
+            )
+          : await runQuery(
+              client,
+              select,
+              {
+                queues: options.queues,
+                unorderedQueues: options.unorderedQueues,
+                limit,
+                ...(maxBytes === undefined ? {} : { maxBytes }),
+              },
+              opts(),
+            );
       } catch (error) {
         client.release(asError(error));
         noticeLost(error);

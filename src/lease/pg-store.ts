@@ -3,7 +3,7 @@ import type pg from "pg";
 import type { FailureAnnouncement } from "../contract/handler.js";
 import { completeStatements } from "../sql/complete.js";
 import { plainArray } from "../sql/executor.js";
-import { fetchStatement } from "../sql/fetch.js";
+import { aloneStatement, fetchStatement, suspectsWaitingStatement } from "../sql/fetch.js";
 import type { OutboxNames } from "../sql/names.js";
 import { reclaimStatement } from "../sql/own-leases.js";
 import { completeKeyed } from "./pg-busy-retries.js";
@@ -71,6 +71,8 @@ export interface PgLeaseStore extends LeaseStore {
 export function createPgLeaseStore(options: PgLeaseStoreOptions): PgLeaseStore {
   const settings = { synchronousCommit: options.synchronousCommit };
   const leaseSql = fetchStatement(options.names, settings, options.queues.length === 1);
+  const aloneSql = aloneStatement(options.names, settings);
+  const suspectsSql = suspectsWaitingStatement(options.names);
   const sql = completeStatements(options.names, settings);
   const reclaimSql = reclaimStatement(options.names, settings);
   const queues = [...options.queues];
@@ -93,7 +95,25 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): PgLeaseStore {
 
     useUnnamedStatements: session.useUnnamedStatements,
 
-    async lease(limit, maxBytes, keep = []) {
+    async leaseAlone(keep = []) {
+      const token = randomUUID();
+      const rows = await query(aloneSql, {
+        queues,
+        unorderedQueues,
+        keep,
+        token,
+        leaseTtlMs: options.leaseTtlMs,
+        workerId: options.workerId,
+      });
+      return { token, rows };
+    },
+
+    async suspectsWaiting(keep = []) {
+      const [row] = await query(suspectsSql, { queues, unorderedQueues, keep });
+      return row?.waiting === true;
+    },
+
+    async lease(limit, maxBytes) {
       const token = randomUUID();
       const split = shares.split(limit);
       const rows = await query(leaseSql, {
@@ -101,7 +121,6 @@ export function createPgLeaseStore(options: PgLeaseStoreOptions): PgLeaseStore {
         unorderedQueues,
         limit,
         maxBytes,
-        keep,
         token,
         leaseTtlMs: options.leaseTtlMs,
         workerId: options.workerId,

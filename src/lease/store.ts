@@ -84,13 +84,22 @@ export interface Landed {
  */
 export interface LeaseStore {
   /**
-   * Lease up to `limit` due rows (unleased, or whose lease expired) of the worker's queues, oldest first,
-   * stopping before their payloads sum past `maxBytes` (the first row is always taken: one larger than the
-   * budget is still delivered). Postgres counts a payload's stored size, the memory store its text length.
-   * An expired lease under one of the `keep` tokens is not taken: the caller still runs that delivery (its
-   * event loop was blocked past the lease), and renews it rather than start it a second time.
+   * Lease up to `limit` due, unleased rows of the worker's queues, oldest first, stopping before their
+   * payloads sum past `maxBytes` (the first row is always taken: one larger than the budget is still
+   * delivered). Postgres counts a payload's stored size, the memory store its text length. A row whose lease
+   * ran out is never taken here: see `leaseAlone`.
    */
-  lease(limit: number, maxBytes?: number, keep?: readonly string[]): Promise<Lease>;
+  lease(limit: number, maxBytes?: number): Promise<Lease>;
+  /**
+   * Lease the oldest row whose lease ran out (held by a delivery that ended without an outcome: a crash, a
+   * freeze, a lost lease), alone: the caller runs it with nothing else held, so a crash loop's culprit alone
+   * is charged its deliveries. No row when none waits. An expired lease under one of the `keep` tokens is
+   * not taken: the caller still runs that delivery (its event loop was blocked past the lease), and renews
+   * it rather than start it a second time.
+   */
+  leaseAlone(keep?: readonly string[]): Promise<Lease>;
+  /** Whether a row `leaseAlone` would take is waiting (reads only). */
+  suspectsWaiting(keep?: readonly string[]): Promise<boolean>;
   /**
    * Delete the rows. Removing a key's head makes the key's oldest row left its head; up to `handOff` of
    * those that are due are leased to the caller at once (`Landed.handedOff`), saving a fetch each.

@@ -32,8 +32,6 @@ export interface LeaseParams {
   token: string;
   leaseTtlMs: number;
   workerId: string;
-  /** Tokens whose expired leases are not taken: the caller still runs those deliveries. */
-  keep?: readonly string[];
   /**
    * The most rows each queue's scan takes (in `queues` order; see QueueShares). Unset: `limit` each. The
    * statement still leases at most `limit` in all, oldest first among what the scans found.
@@ -73,7 +71,7 @@ export function fetchStatement(
   const cte = settingsCte(settings);
   return defineQuery(
     "lease",
-    `WITH ${cte === "" ? "" : `${cte}, `}${pickedCtes(m, oneQueue, { queues: 1, limit: 2, unordered: 6, maxBytes: 7, keep: 8, shares: 9 })}
+    `WITH ${cte === "" ? "" : `${cte}, `}${pickedCtes(m, oneQueue, { queues: 1, limit: 2, unordered: 6, maxBytes: 7, shares: 8 })}
 UPDATE ${m} AS t
 SET acquired_token = $3::uuid,
     acquired_at = now(),
@@ -91,7 +89,6 @@ RETURNING ${LEASED_COLUMNS}`,
       p.workerId,
       p.unorderedQueues ?? [],
       p.maxBytes ?? Number.MAX_SAFE_INTEGER,
-      p.keep ?? [],
       p.shares ?? p.queues.map(() => p.limit),
     ],
   );
@@ -123,7 +120,7 @@ export function heldByTransactionStatement(
   const m = names.messages;
   return defineQuery(
     "lease_in_transaction",
-    `WITH ${pickedCtes(m, oneQueue, { queues: 1, limit: 2, unordered: 3, maxBytes: 4, keep: 5, shares: 6 })}
+    `WITH ${pickedCtes(m, oneQueue, { queues: 1, limit: 2, unordered: 3, maxBytes: 4, shares: 5 })}
 SELECT ${LEASED_COLUMNS.replace("t.deliveries_count,", "LEAST(t.deliveries_count, 2147483646) + 1 AS deliveries_count,")},
        t.acquired_token::text AS lease_token, pg_current_xact_id()::text AS xid, t.xmin::text AS version,
        (SELECT count(*) FROM (SELECT id FROM due UNION ALL SELECT id FROM behind) AS l)::int AS locked
@@ -137,7 +134,6 @@ ORDER BY t.id`,
       p.limit,
       p.unorderedQueues ?? [],
       p.maxBytes ?? Number.MAX_SAFE_INTEGER,
-      p.keep ?? [],
       p.shares ?? p.queues.map(() => p.limit),
     ],
   );
@@ -149,7 +145,6 @@ interface PickParams {
   limit: number;
   unordered: number;
   maxBytes: number;
-  keep: number;
   shares: number;
 }
 
@@ -158,10 +153,10 @@ function pickedCtes(m: string, oneQueue: boolean, $: PickParams): string {
   const turn = oneQueue
     ? "0"
     : "(row_number() OVER (PARTITION BY queue ORDER BY available_at, id))::float8 / share";
-  // A row a fetch may lease: unleased, or its lease ran out. Checked on the heap: no index holds the lease
-  // columns, so a lease is a HOT update (migration 0021). Our own deliveries still running (the event loop
-  // was blocked past their lease) are never taken: never a second run.
-  const due = `(acquired_token IS NULL OR (lease_expires_at <= now() AND acquired_token <> ALL ($${$.keep}::uuid[])))`;
+  // A row a fetch may lease: unleased. Checked on the heap: no index holds the lease columns, so a lease is
+  // a HOT update (migration 0021). A row whose lease ran out was held through a crash (or a freeze): it is
+  // leased only alone (aloneStatement), never in a batch, so that a crash loop's culprit is isolated.
+  const due = "acquired_token IS NULL";
   return `due AS (
   SELECT c.id, c.available_at, c.bytes, q.queue, q.share FROM unnest($${$.queues}::text[], $${$.shares}::int[]) AS q(queue, share)
   CROSS JOIN LATERAL (
@@ -198,4 +193,105 @@ function pickedCtes(m: string, oneQueue: boolean, $: PickParams): string {
   ) AS sized
   WHERE n = 1 OR running <= $${$.maxBytes}::bigint
 )`;
+}
+
+/**
+ * How far the look for rows held through a crash walks each queue's due rows, oldest first. Leases are taken
+ * oldest first, so a lease that ran out sits at the front, before the rows other workers hold and those
+ * waiting: the walk stays short however long the backlog (one deeper is found once the backlog shrinks).
+ */
+export const SUSPECT_WALK = 2000;
+
+/** Parameters of the statements that look for a row held through a crash. */
+export interface AloneParams {
+  queues: readonly string[];
+  unorderedQueues?: readonly string[];
+  /** Tokens whose expired leases are not taken: the caller still runs those deliveries (a blocked loop). */
+  keep?: readonly string[];
+}
+
+/**
+ * The CTE `suspects`: a few rows of `queues` whose lease ran out (held by a delivery that ended without an
+ * outcome: its worker crashed, froze, or lost the lease), oldest first, not under a `keep` token. Each
+ * queue's heads are walked on the due index (and the rows behind them, for unordered queues), at most
+ * SUSPECT_WALK of them: bounded whatever the backlog.
+ */
+function suspectsCte(m: string, $: { queues: number; unordered: number; keep: number }): string {
+  const walk = (index: string, extra: string) => `SELECT w.id, w.available_at FROM (
+      SELECT id, available_at, acquired_token, lease_expires_at FROM ${m}
+      WHERE queue = q.queue AND ${index} AND available_at <= now()${extra}
+      ORDER BY available_at, id LIMIT ${SUSPECT_WALK}
+    ) AS w
+    WHERE w.acquired_token IS NOT NULL AND w.lease_expires_at <= now() AND w.acquired_token <> ALL ($${$.keep}::uuid[])`;
+  return `suspects AS (
+  SELECT c.id, c.available_at FROM unnest($${$.queues}::text[]) AS q(queue)
+  CROSS JOIN LATERAL (
+    (${walk("head", "")} ORDER BY w.available_at, w.id LIMIT 3)
+    UNION ALL
+    (${walk("NOT head", ` AND q.queue = ANY ($${$.unordered}::text[])`)} ORDER BY w.available_at, w.id LIMIT 3)
+  ) AS c
+)`;
+}
+
+/** The oldest suspect that is still one when locked (SKIP LOCKED: another worker may be taking it). */
+function aloneCte(m: string, keep: number): string {
+  return `alone AS (
+  SELECT t.id FROM ${m} AS t
+  WHERE t.id = ANY (ARRAY(SELECT id FROM suspects))
+    AND t.acquired_token IS NOT NULL AND t.lease_expires_at <= now() AND t.acquired_token <> ALL ($${keep}::uuid[])
+  ORDER BY t.available_at, t.id LIMIT 1
+  FOR UPDATE SKIP LOCKED
+)`;
+}
+
+/**
+ * Lease one row held through a crash, alone (the caller holds nothing else and starts nothing else until
+ * its outcome lands): if it crashes its worker again, it alone is charged the delivery, and the rows the
+ * crashed batch held beside it run alone too, never charged for the culprit. As `fetchStatement`, it counts
+ * the delivery; no row, when none is waiting.
+ */
+export function aloneStatement(
+  names: OutboxNames,
+  settings: StatementSettings,
+): Query<AloneParams & { token: string; leaseTtlMs: number; workerId: string }, LeasedRow> {
+  const m = names.messages;
+  const cte = settingsCte(settings);
+  return defineQuery(
+    "lease_alone",
+    `WITH ${cte === "" ? "" : `${cte}, `}${suspectsCte(m, { queues: 1, unordered: 2, keep: 3 })}, ${aloneCte(m, 3)}
+UPDATE ${m} AS t
+SET acquired_token = $4::uuid,
+    acquired_at = now(),
+    lease_expires_at = now() + $5::double precision * interval '1 millisecond',
+    acquired_by = $6,
+    deliveries_count = LEAST(t.deliveries_count, 2147483646) + 1${cte === "" ? "" : "\nFROM settings"}
+WHERE t.id = (SELECT id FROM alone)
+RETURNING ${LEASED_COLUMNS}`,
+    (p) => [p.queues, p.unorderedQueues ?? [], p.keep ?? [], p.token, p.leaseTtlMs, p.workerId],
+  );
+}
+
+/** `aloneStatement` for a transaction-held batch: the row locked, not written (see heldByTransactionStatement). */
+export function heldAloneStatement(names: OutboxNames): Query<AloneParams, HeldByTransactionRow> {
+  const m = names.messages;
+  return defineQuery(
+    "lease_alone_in_transaction",
+    `WITH ${suspectsCte(m, { queues: 1, unordered: 2, keep: 3 })}, ${aloneCte(m, 3)}
+SELECT ${LEASED_COLUMNS.replace("t.deliveries_count,", "LEAST(t.deliveries_count, 2147483646) + 1 AS deliveries_count,")},
+       t.acquired_token::text AS lease_token, pg_current_xact_id()::text AS xid, t.xmin::text AS version,
+       1 AS locked
+FROM ${m} AS t
+WHERE t.id = (SELECT id FROM alone)`,
+    (p) => [p.queues, p.unorderedQueues ?? [], p.keep ?? []],
+  );
+}
+
+/** Whether a row held through a crash waits in `queues` (reads only: no lock, no lease). */
+export function suspectsWaitingStatement(names: OutboxNames): Query<AloneParams, { waiting: boolean }> {
+  return defineQuery(
+    "suspects_waiting",
+    `WITH ${suspectsCte(names.messages, { queues: 1, unordered: 2, keep: 3 })}
+SELECT EXISTS (SELECT 1 FROM suspects) AS waiting`,
+    (p) => [p.queues, p.unorderedQueues ?? [], p.keep ?? []],
+  );
 }

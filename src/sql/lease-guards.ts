@@ -1,6 +1,18 @@
 import { defineQuery, type Query } from "./executor.js";
 import type { OutboxNames } from "./names.js";
 
+/**
+ * The SET list that leaves a row whose delivery ended without an outcome as one held through a crash: an
+ * expired lease in the worker's name (a row another worker leased meanwhile keeps its lease), so that it is
+ * leased alone next (aloneStatement), as a token lease that ran out is. `worker` names the crashed holder.
+ */
+export function suspectSet(worker: string): string {
+  return `acquired_token = COALESCE(t.acquired_token, gen_random_uuid()),
+  acquired_at = COALESCE(t.acquired_at, now()),
+  lease_expires_at = CASE WHEN t.acquired_token IS NULL THEN now() ELSE t.lease_expires_at END,
+  acquired_by = CASE WHEN t.acquired_token IS NULL THEN ${worker} ELSE t.acquired_by END`;
+}
+
 export interface GuardRepairRow {
   /** Deliveries counted on rows that are still there. */
   counted: number;
@@ -25,16 +37,18 @@ export function repairGuardsStatement(names: OutboxNames): Query<{ limit: number
   return defineQuery(
     "repair_lease_guards",
     `WITH ended AS (
-  SELECT id, ids FROM ${g}
+  SELECT id, ids, worker FROM ${g}
   WHERE pg_xact_status(xid) IS DISTINCT FROM 'in progress'
   ORDER BY id LIMIT $1
   FOR UPDATE SKIP LOCKED
 ), named AS (
-  SELECT u.id, count(*)::int AS n FROM ended AS e CROSS JOIN LATERAL unnest(e.ids) AS u(id) GROUP BY u.id
+  SELECT u.id, count(*)::int AS n, min(e.worker) AS worker
+  FROM ended AS e CROSS JOIN LATERAL unnest(e.ids) AS u(id) GROUP BY u.id
 ), free AS (
   SELECT t.id FROM ${m} AS t WHERE t.id IN (SELECT id FROM named) FOR UPDATE SKIP LOCKED
 ), counted AS (
-  UPDATE ${m} AS t SET deliveries_count = LEAST(t.deliveries_count::bigint + n.n, 2147483647)::int
+  UPDATE ${m} AS t SET deliveries_count = LEAST(t.deliveries_count::bigint + n.n, 2147483647)::int,
+  ${suspectSet("n.worker")}
   FROM free AS f JOIN named AS n ON n.id = f.id
   WHERE t.id = f.id
   RETURNING t.id

@@ -8,6 +8,7 @@ import { confirmedNow, type HeldRow, heldRows, lose, settle } from "../lease/hel
 import type { OutcomeOf } from "../lease/outcome.js";
 import type { BatchLeaser, HeldBatch } from "../lease/pg-batch.js";
 import type { Delivery } from "../lease/store.js";
+import { AloneRuns } from "./alone-runs.js";
 import { dispatchRules, type Engine, fetchPacing, type StopResult } from "./engine.js";
 import { within } from "./engine-stop.js";
 import type { WorkerEmitter } from "./events.js";
@@ -91,21 +92,30 @@ export function createBatchEngine(deps: BatchEngineDeps): Engine {
     Math.min(Math.floor(options.maxHeldBytes / MAX_BATCHES), options.maxHeldBytes - heldBytes);
 
   const queue = new LocalQueue<HeldRow>(capacity);
+  /** Rows for the next batch: none while MAX_BATCHES are held or the budget is spent. */
+  function freeForBatch(): number {
+    const budget = batchBudget();
+    if (batches.size >= MAX_BATCHES || budget <= 0) return 0;
+    // A batch that ended early still runs handlers whose rows its end released: a fetch now could lease
+    // them to this worker again and start a message twice at once. Wait until they have returned.
+    for (const b of batches.values()) if (b.ended || b.held.ended) return 0;
+    const fit = rowSize.rowsIn(budget);
+    if (fit === undefined) return queue.free;
+    // A row larger than the budget is still taken, alone, when nothing else is held.
+    return Math.min(queue.free, batches.size === 0 ? Math.max(1, fit) : fit);
+  }
+
+  // Rows held through a crash are leased alone, in a batch of their own with nothing else held (AloneRuns).
+  const alone = new AloneRuns({
+    probe: () => leaser.suspectsWaiting(),
+    intervalMs: options.heartbeatMs,
+    wake: () => fetcher.trigger(),
+    log,
+  });
   const fetcher = new Fetcher<HeldRow>({
     ...fetchPacing(options),
-    // One batch per fetch: none while MAX_BATCHES are held or the budget is spent (a commit frees one
-    // and fetches again).
-    free: () => {
-      const budget = batchBudget();
-      if (batches.size >= MAX_BATCHES || budget <= 0) return 0;
-      // A batch that ended early still runs handlers whose rows its end released: a fetch now could lease
-      // them to this worker again and start a message twice at once. Wait until they have returned.
-      for (const b of batches.values()) if (b.ended || b.held.ended) return 0;
-      const fit = rowSize.rowsIn(budget);
-      if (fit === undefined) return queue.free;
-      // A row larger than the budget is still taken, alone, when nothing else is held.
-      return Math.min(queue.free, batches.size === 0 ? Math.max(1, fit) : fit);
-    },
+    // One batch per fetch (a commit frees one and fetches again).
+    free: () => alone.free(batches.size, freeForBatch),
     lease: async (limit) => {
       if (stopping) return { rows: [] };
       if (unrepaired.size > 0) {
@@ -115,9 +125,12 @@ export function createBatchEngine(deps: BatchEngineDeps): Engine {
         for (const [row, guard] of owedRuns) if (!left.has(guard)) owedRuns.delete(row);
       }
       // The statement's cut counts stored sizes: it bounds a batch before the row size is known.
-      const batch = await leaser.lease(limit, Math.max(1, batchBudget()));
+      const lonely = alone.next;
+      const batch = await leaser.lease(limit, Math.max(1, batchBudget()), lonely);
       health.recovered("fetch");
-      if (!batch) return { rows: [] };
+      // None held through a crash waits: lease a batch at once.
+      if (lonely && !batch) alone.took(undefined);
+      if (!batch) return lonely ? { rows: [], more: true } : { rows: [] };
       // A stop that began while the batch was leased: nothing of it started, so end it unwritten.
       if (stopping) {
         await batch.rollback();
@@ -147,6 +160,7 @@ export function createBatchEngine(deps: BatchEngineDeps): Engine {
       };
       batches.set(batch.id, entry);
       batch.onEnded((error) => ended(entry, error));
+      if (lonely) alone.took(rows[0]);
       if (again.size === 0) return { rows };
       // Not started twice at once in this worker: this batch leaves them as they are (due again).
       for (const h of rows) {
@@ -328,6 +342,7 @@ export function createBatchEngine(deps: BatchEngineDeps): Engine {
         repair.start();
         fetcher.start();
       });
+      alone.start();
       keepAlives = setInterval(() => {
         for (const b of batches.values()) if (!b.committing && !b.ended && !b.held.ended) void keepAlive(b);
       }, options.heartbeatMs);
@@ -367,6 +382,7 @@ export function createBatchEngine(deps: BatchEngineDeps): Engine {
       for (const b of batches.values())
         if (!b.committing) await b.held.rollback(new OutboxError("worker stop"));
       clearInterval(keepAlives);
+      alone.stop();
       await repair.stop();
       return { drained: finished && committed && batches.size === 0, released: handedBack.length, abandoned };
     },

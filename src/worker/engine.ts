@@ -8,12 +8,13 @@ import { LocalQueue } from "../dispatch/local-queue.js";
 import { Fetcher } from "../fetch/fetcher.js";
 import { confirmedNow, type HeldRow, heldRows, isLive, lose } from "../lease/held.js";
 import type { LeaseStore } from "../lease/store.js";
+import { AloneRuns } from "./alone-runs.js";
 import { confirmedForMs } from "./confirmed-for.js";
 import { type StopResult, stopEngine } from "./engine-stop.js";
 import type { LeasePhase, WorkerEmitter } from "./events.js";
 import { fetchLease } from "./fetch-lease.js";
 import { HandBack } from "./hand-back.js";
-import { HeldSet, renewable } from "./held-set.js";
+import { HeldSet, liveTokens, renewable } from "./held-set.js";
 import type { LoopHealth } from "./loop-health.js";
 import type { ResolvedOptions } from "./options.js";
 import { OwnLeases } from "./own-leases.js";
@@ -122,24 +123,44 @@ export function createEngine(deps: EngineDeps): Engine {
     concurrency: options.concurrency,
     maxHeldBytes: options.maxHeldBytes,
   });
+  // Rows held through a crash are leased alone, with nothing else held (see AloneRuns).
+  const alone = new AloneRuns({
+    probe: () => store.suspectsWaiting(liveTokens(held)),
+    intervalMs: options.heartbeatMs,
+    wake: () => fetcher.trigger(),
+    log,
+  });
+  const leaseBatch = fetchLease({
+    store,
+    prefetch,
+    held,
+    health,
+    maxHeldBytes: options.maxHeldBytes,
+    confirmedForMs: confirmedFor,
+  });
   const fetcher = new Fetcher<HeldRow>({
     ...fetchPacing(options),
     free: () =>
-      prefetch.free({
-        queued: queue.size,
-        completing: completer.pending,
-        held: held.size,
-        heldBytes: held.bytes,
-        handlerMs: dispatcher.handlerMs,
-      }),
-    lease: fetchLease({
-      store,
-      prefetch,
-      held,
-      health,
-      maxHeldBytes: options.maxHeldBytes,
-      confirmedForMs: confirmedFor,
-    }),
+      alone.free(held.size, () =>
+        prefetch.free({
+          queued: queue.size,
+          completing: completer.pending,
+          held: held.size,
+          heldBytes: held.bytes,
+          handlerMs: dispatcher.handlerMs,
+        }),
+      ),
+    lease: async (limit) => {
+      if (!alone.next) return leaseBatch(limit);
+      const started = performance.now();
+      // Our own deliveries still running (the event loop was blocked past their lease) are never taken.
+      const lease = await store.leaseAlone(liveTokens(held));
+      health.recovered("fetch");
+      const [row] = heldRows(lease.token, lease.rows, started + confirmedFor);
+      alone.took(row);
+      // None waits: lease a batch at once.
+      return row ? { rows: [row] } : { rows: [], more: true };
+    },
     deliver: (batch) => take(batch),
     onError: (error, n) => health.failed("fetch", error, n),
     onFatal: deps.onFatal,
@@ -277,12 +298,14 @@ export function createEngine(deps: EngineDeps): Engine {
     startDispatching() {
       dispatcher.start();
       heartbeat.start();
+      alone.start();
     },
     startFetching: () => fetcher.start(),
     wake: () => fetcher.trigger(),
     setWakeUps: (on) => fetcher.setWakeUps(on),
     shutdown(timeoutMs, alongside) {
       stopping = true;
+      alone.stop();
       return stopEngine(parts, timeoutMs, alongside);
     },
     get held() {

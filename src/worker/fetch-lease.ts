@@ -1,6 +1,6 @@
 import { type HeldRow, heldRows } from "../lease/held.js";
 import type { LeaseStore } from "../lease/store.js";
-import { type HeldSet, liveTokens, payloadBytes } from "./held-set.js";
+import { type HeldSet, payloadBytes } from "./held-set.js";
 import type { LoopHealth } from "./loop-health.js";
 import type { Prefetch } from "./prefetch.js";
 
@@ -23,7 +23,7 @@ export function fetchLease(deps: FetchLeaseDeps) {
     try {
       // The statement stops at the bytes left. It always takes one row, so a row larger than the budget
       // is still delivered: what is held can pass the budget by that one row.
-      const lease = await store.lease(limit, Math.max(1, deps.maxHeldBytes - held.bytes), liveTokens(held));
+      const lease = await store.lease(limit, Math.max(1, deps.maxHeldBytes - held.bytes));
       let bytes = 0;
       for (const row of lease.rows) bytes += payloadBytes(row);
       prefetch.fetched(lease.rows.length, bytes, performance.now() - started);

@@ -183,7 +183,8 @@ export function createWorker(input: WorkerOptions): Worker {
           repair: new GuardRepair({
             pool: workerPool,
             names,
-            intervalMs: options.leaseTtlMs,
+            // Often: a crashed batch's rows are isolated once a repair has marked them.
+            intervalMs: options.heartbeatMs,
             queryTimeoutMs: options.queryTimeoutMs,
             log,
           }),

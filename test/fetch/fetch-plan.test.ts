@@ -2,7 +2,12 @@ import { randomUUID } from "node:crypto";
 import { beforeAll, describe, expect, it } from "vitest";
 import { completeStatements } from "../../src/sql/complete.js";
 import { runQuery } from "../../src/sql/executor.js";
-import { fetchStatement } from "../../src/sql/fetch.js";
+import {
+  aloneStatement,
+  fetchStatement,
+  SUSPECT_WALK,
+  suspectsWaitingStatement,
+} from "../../src/sql/fetch.js";
 import { testDatabase } from "../support/database.js";
 
 const db = testDatabase("plan");
@@ -15,11 +20,11 @@ async function explain(queues: string[], limit: number): Promise<string> {
     const text = fetchStatement(db.names, { synchronousCommit: false }).statement.text;
     await client.query("SET plan_cache_mode = force_generic_plan");
     await client.query(
-      `PREPARE lease(text[], int, uuid, double precision, text, text[], bigint, uuid[], int[]) AS ${text}`,
+      `PREPARE lease(text[], int, uuid, double precision, text, text[], bigint, int[]) AS ${text}`,
     );
     await client.query("BEGIN");
     const { rows } = await client.query(
-      `EXPLAIN (ANALYZE, COSTS OFF) EXECUTE lease('{${queues.join(",")}}', ${limit}, '${randomUUID()}', 30000, 'explain', '{}', ${Number.MAX_SAFE_INTEGER}, '{${randomUUID()}}', '{${queues.map(() => limit).join(",")}}')`,
+      `EXPLAIN (ANALYZE, COSTS OFF) EXECUTE lease('{${queues.join(",")}}', ${limit}, '${randomUUID()}', 30000, 'explain', '{}', ${Number.MAX_SAFE_INTEGER}, '{${queues.map(() => limit).join(",")}}')`,
     );
     return rows.map((r) => r["QUERY PLAN"]).join("\n");
   } finally {
@@ -49,7 +54,7 @@ describe(`the lease statement on ${ROWS} rows`, () => {
       ANALYZE ${m};`);
   }, 120_000);
 
-  it("scans messages_due_idx for ready rows and expired leases alike", async () => {
+  it("scans messages_due_idx for ready rows", async () => {
     for (const queues of [["a"], ["a", "b"]]) {
       const plan = await explain(queues, 100);
       expect(plan).toMatch(/Index Scan using messages_due_idx on messages/);
@@ -60,7 +65,7 @@ describe(`the lease statement on ${ROWS} rows`, () => {
     }
   });
 
-  it("leases expired and ready rows oldest first, never live leases or scheduled rows", async () => {
+  it("leases ready rows oldest first, never expired or live leases or scheduled rows; an expired one alone", async () => {
     const token = randomUUID();
     const leased = await runQuery(db.pool, fetchStatement(db.names, { synchronousCommit: false }), {
       queues: ["b"],
@@ -78,7 +83,6 @@ describe(`the lease statement on ${ROWS} rows`, () => {
     );
     for (const row of rows) {
       expect(row).toMatchObject({ acquired_token: token, acquired_by: "w-test", fresh: true });
-      // Rows taken over from an expired lease count their second delivery.
       expect(row.deliveries_count).toBe(1);
     }
     // Queue b has no expired leases (ids ≡ 1 mod 500 are never multiples of 10), so these are its 50
@@ -86,7 +90,7 @@ describe(`the lease statement on ${ROWS} rows`, () => {
     const expected: number[] = [];
     for (let id = 10; expected.length < 50; id += 10) if (id % 7 !== 0) expected.push(id);
     expect([...ids].sort((x, y) => x - y)).toEqual(expected);
-    // In queue a, row 1's lease expired: it is taken over in its place in delivery order.
+    // In queue a, row 1's lease expired (held through a crash): a batch leaves it for a lease of its own.
     const a = await runQuery(db.pool, fetchStatement(db.names, { synchronousCommit: false }), {
       queues: ["a"],
       limit: 5,
@@ -94,8 +98,48 @@ describe(`the lease statement on ${ROWS} rows`, () => {
       leaseTtlMs: 30_000,
       workerId: "w",
     });
-    expect(a.map((r) => Number(r.id)).sort((x, y) => x - y)).toEqual([1, 2, 3, 4, 5]);
-    expect(a.find((r) => r.id === "1")?.deliveries_count).toBe(2);
+    expect(a.map((r) => Number(r.id)).sort((x, y) => x - y)).toEqual([2, 3, 4, 5, 6]);
+    const alone = await runQuery(db.pool, aloneStatement(db.names, { synchronousCommit: false }), {
+      queues: ["a"],
+      token: randomUUID(),
+      leaseTtlMs: 30_000,
+      workerId: "w",
+    });
+    // The oldest expired lease, counting its second delivery.
+    expect(alone.map((r) => [Number(r.id), r.deliveries_count])).toEqual([[1, 2]]);
+  });
+});
+
+describe(`the look for rows held through a crash on ${ROWS} rows`, () => {
+  const big = testDatabase("planalone");
+  beforeAll(async () => {
+    await big.migrate();
+    const m = big.names.messages;
+    // A backlog of ready rows and no expired lease: the look must still read a bounded walk, not all.
+    await big.pool.query(`
+      INSERT INTO ${m} (queue, payload, available_at)
+      SELECT 'a', jsonb_build_object('n', g), now() - interval '1 minute' FROM generate_series(1, ${ROWS}) AS g;
+      ANALYZE ${m};`);
+  }, 120_000);
+
+  it("walks messages_due_idx at most SUSPECT_WALK rows per queue, whatever the backlog", async () => {
+    const client = await big.pool.connect();
+    try {
+      await client.query("SET plan_cache_mode = force_generic_plan");
+      await client.query(
+        `PREPARE look(text[], text[], uuid[]) AS ${suspectsWaitingStatement(big.names).statement.text}`,
+      );
+      const { rows } = await client.query("EXPLAIN (ANALYZE, COSTS OFF) EXECUTE look('{a}', '{}', '{}')");
+      const plan = rows.map((r) => r["QUERY PLAN"]).join("\n");
+      expect(plan).toMatch(/Index Scan using messages_due_idx on messages/);
+      expect(plan).not.toMatch(/Seq Scan|Bitmap Heap Scan/);
+      const walked = plan.split("\n").find((l) => l.includes("messages_due_idx")) ?? "";
+      expect(Number(/actual time=[\d.]+\.\.[\d.]+ rows=(\d+)/.exec(walked)?.[1])).toBe(SUSPECT_WALK);
+    } finally {
+      await client.query("DEALLOCATE look");
+      await client.query("RESET plan_cache_mode");
+      client.release();
+    }
   });
 });
 
@@ -139,8 +183,8 @@ describe(`per-key ordering with one hot key of ${HOT} rows and ${OTHER_KEYS} oth
     const text = fetchStatement(hot.names, { synchronousCommit: false }).statement.text;
     const plan = await explainHot(
       text,
-      "text[], int, uuid, double precision, text, text[], bigint, uuid[], int[]",
-      `'{q}', 500, '${randomUUID()}', 30000, 'explain', '{}', ${Number.MAX_SAFE_INTEGER}, '{${randomUUID()}}', '{500}'`,
+      "text[], int, uuid, double precision, text, text[], bigint, int[]",
+      `'{q}', 500, '${randomUUID()}', 30000, 'explain', '{}', ${Number.MAX_SAFE_INTEGER}, '{500}'`,
     );
     expect(plan).toMatch(/Index Scan using messages_due_idx on messages/);
     expect(plan).not.toMatch(/Seq Scan|Bitmap Heap Scan/);

@@ -79,7 +79,6 @@ async function planScans(): Promise<{ lease: boolean; ack: boolean }> {
       queues: ["q"],
       unorderedQueues: [],
       limit: 10,
-      keep: [],
       token: "00000000-0000-0000-0000-000000000000",
       leaseTtlMs: 30_000,
       workerId: "w",

@@ -135,12 +135,40 @@ export class MemoryLeaseStore implements LeaseStore {
     return row !== undefined && row.token === d.token ? row : undefined;
   }
 
-  async lease(limit: number, maxBytes = Number.POSITIVE_INFINITY, keep: readonly string[] = []) {
+  /** As aloneStatement: the oldest row of the store's queues whose lease ran out, not under a kept token. */
+  #suspects(keep: readonly string[]): MemoryRow[] {
+    const now = this.#table.now();
+    const kept = new Set(keep);
+    const unordered = new Set(this.#options.unorderedQueues);
+    return [...this.#table.rows.values()]
+      .filter(
+        (r) =>
+          this.#options.queues.includes(r.queue) &&
+          r.token !== null &&
+          r.availableAt <= now &&
+          (r.head || unordered.has(r.queue)) &&
+          (r.leaseExpiresAt ?? 0) <= now &&
+          !kept.has(r.token),
+      )
+      .sort((a, b) => a.availableAt - b.availableAt || Number(a.id) - Number(b.id));
+  }
+
+  async leaseAlone(keep: readonly string[] = []) {
+    const token = randomUUID();
+    this.tokens.push(token);
+    const [row] = this.#suspects(keep);
+    return { token, rows: row ? [this.#take(row, token, this.#table.now())] : [] };
+  }
+
+  async suspectsWaiting(keep: readonly string[] = []) {
+    return this.#suspects(keep).length > 0;
+  }
+
+  async lease(limit: number, maxBytes = Number.POSITIVE_INFINITY) {
     const now = this.#table.now();
     const token = randomUUID();
     this.tokens.push(token);
     const unordered = new Set(this.#options.unorderedQueues);
-    const kept = new Set(keep);
     const oldest = (a: MemoryRow, b: MemoryRow) =>
       a.availableAt - b.availableAt || Number(a.id) - Number(b.id);
     const split = this.#shares.split(limit);
@@ -152,9 +180,9 @@ export class MemoryLeaseStore implements LeaseStore {
           .filter(
             (r) =>
               r.queue === queue &&
-              (r.token === null
-                ? r.availableAt <= now && (r.head || unordered.has(r.queue))
-                : (r.leaseExpiresAt ?? 0) <= now && !kept.has(r.token)),
+              r.token === null &&
+              r.availableAt <= now &&
+              (r.head || unordered.has(r.queue)),
           )
           .sort(oldest)
           .slice(0, share)

@@ -109,6 +109,15 @@ export class RecordingStore implements LeaseStore {
     return this.#recordLease(await this.inner.lease(limit, maxBytes));
   }
 
+  async leaseAlone(keep?: readonly string[]): Promise<Lease> {
+    if (this.#injected("lease", [])) throw new Error("injected database error (lease)");
+    return this.#recordLease(await this.inner.leaseAlone(keep));
+  }
+
+  suspectsWaiting(keep?: readonly string[]): Promise<boolean> {
+    return this.inner.suspectsWaiting(keep);
+  }
+
   #recordLease(lease: Lease): Lease {
     this.tokens.add(lease.token);
     this.journal.push({

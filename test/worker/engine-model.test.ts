@@ -373,15 +373,16 @@ async function takeover(
   if (mine.length === 0) return undefined;
   const chosen = [...new Set(picks.map((p) => mine[p % mine.length]))].filter((r) => r !== undefined);
   const engineKeys = chosen.map((r) => `${r.id}/${r.token}`);
-  // The chosen leases ran out before this worker's heartbeat renewed them; the competitor leases every due
-  // row and hands back at once the ones it did not come for (the unleased ones).
+  // The chosen leases ran out before this worker's heartbeat renewed them; the competitor takes each of
+  // them, alone (a row whose lease ran out is never leased in a batch).
   for (const r of chosen) r.leaseExpiresAt = h.clock.now - 1;
   const wanted = new Set(chosen.map((r) => r.id));
-  const lease = await h.competitor.lease(10_000);
-  const taken = lease.rows.filter((r) => wanted.has(r.id)).map((r) => ({ id: r.id, token: lease.token }));
-  const extra = lease.rows.filter((r) => !wanted.has(r.id)).map((r) => ({ id: r.id, token: lease.token }));
-  if ((await h.competitor.release(extra)).count !== extra.length)
-    return "competitor's hand-back did not land";
+  const taken: { id: string; token: string }[] = [];
+  for (const _ of chosen) {
+    const lease = await h.competitor.leaseAlone();
+    for (const r of lease.rows) taken.push({ id: r.id, token: lease.token });
+  }
+  if (taken.some((d) => !wanted.has(d.id))) return "competitor took a row whose lease had not run out";
   if (taken.length !== chosen.length)
     return `competitor took ${taken.length} of ${chosen.length} expired rows`;
   // This worker must notice every takeover: a renewal or an outcome write finds the competitor's token.
@@ -470,9 +471,12 @@ async function runScenario(s: Scenario): Promise<{ h: Harness; result: StopResul
   // Whatever is left is leasable by another worker once this worker's leases run out: every row that is
   // not waiting behind an earlier row of its key (the worker never leaves a key without a head).
   h.clock.now += LEASE_TTL_MS + 1;
-  const after = await new MemoryLeaseStore(h.table, { queues: [...QUEUES], leaseTtlMs: LEASE_TTL_MS }).lease(
-    10_000,
-  );
+  const other = new MemoryLeaseStore(h.table, { queues: [...QUEUES], leaseTtlMs: LEASE_TTL_MS });
+  // Those held through the stop's timeout alone, one by one; the others in a batch.
+  const after = { rows: [] as { id: string }[] };
+  for (let lone = await other.leaseAlone(); lone.rows.length > 0; lone = await other.leaseAlone())
+    after.rows.push(...lone.rows);
+  after.rows.push(...(await other.lease(10_000)).rows);
   const left = [...h.table.rows.values()];
   const due = left.filter(
     (r) =>

@@ -6,7 +6,7 @@ import { defineQueue } from "../../src/produce/queue.js";
 import { constant } from "../../src/retry/strategies.js";
 import { completeStatements } from "../../src/sql/complete.js";
 import { runQuery } from "../../src/sql/executor.js";
-import { fetchStatement } from "../../src/sql/fetch.js";
+import { aloneStatement, fetchStatement } from "../../src/sql/fetch.js";
 import { testDatabase } from "../support/database.js";
 import { nextEvent, publisherFor, until, workerFactory } from "../support/worker.js";
 
@@ -406,14 +406,11 @@ describe("lease fencing", () => {
     await until(() => gates.length === 2, "both handlers running");
     // Both leases run out under the zombie (as if its heartbeat had stalled) and another worker takes over.
     await db.pool.query(`UPDATE ${db.names.messages} SET lease_expires_at = now() - interval '1 second'`);
+    // Rows whose lease ran out are taken alone, one per lease: here both under one token, one at a time.
     const token = randomUUID();
-    const taken = await runQuery(db.pool, fetchStatement(db.names, { synchronousCommit: false }), {
-      queues: ["zombie"],
-      limit: 10,
-      token: token,
-      leaseTtlMs: 60_000,
-      workerId: "new-owner",
-    });
+    const alone = aloneStatement(db.names, { synchronousCommit: false });
+    const take = { queues: ["zombie"], token, leaseTtlMs: 60_000, workerId: "new-owner" };
+    const taken = [...(await runQuery(db.pool, alone, take)), ...(await runQuery(db.pool, alone, take))];
     expect(taken).toHaveLength(2);
     for (const open of gates) open();
     await until(() => lost.length === 2, "two lease_lost events");

@@ -180,14 +180,22 @@ export function leaseStoreContract(name: string, harness: () => LeaseStoreHarnes
       expect((await store.lease(10)).rows.map((r) => r.id)).toEqual([next]);
     });
 
-    it("takes over an expired lease under a new token; the old delivery's writes land nowhere", async () => {
+    it("takes over an expired lease alone, under a new token; the old delivery's writes land nowhere", async () => {
       const h = harness();
       const [one, two] = [h.store({ workerId: "one" }), h.store({ workerId: "two" })];
       const ids = await h.insert("a", 2);
       const old = await one.lease(10);
       await h.expireLeases();
-      const taken = await two.lease(10);
-      expect(taken.rows.map((r) => [r.id, r.deliveries_count])).toEqual(ids.map((id) => [id, 2]));
+      // Held through a crash: never leased in a batch, only alone, one row per lease, oldest first.
+      expect((await two.lease(10)).rows).toEqual([]);
+      expect(await two.suspectsWaiting()).toBe(true);
+      const alone = [await two.leaseAlone(), await two.leaseAlone()];
+      expect((await two.leaseAlone()).rows).toEqual([]);
+      expect(await two.suspectsWaiting()).toBe(false);
+      expect(alone.map((l) => l.rows.map((r) => [r.id, r.deliveries_count]))).toEqual(
+        ids.map((id) => [[id, 2]]),
+      );
+      const tokenOf = new Map(alone.map((l, i) => [ids[i] as string, l.token]));
 
       const stale = deliveries(old.token, ids);
       for (const landed of [
@@ -208,9 +216,9 @@ export function leaseStoreContract(name: string, harness: () => LeaseStoreHarnes
         expect(landed.count).toBe(0);
         expect(stale.some((d) => landed.has(d))).toBe(false);
       }
-      for (const id of ids) expect((await h.row(id))?.token).toBe(taken.token);
+      for (const id of ids) expect((await h.row(id))?.token).toBe(tokenOf.get(id));
 
-      const current = deliveries(taken.token, ids);
+      const current = ids.map((id) => ({ id, token: tokenOf.get(id) as string }));
       const acked = await two.ack(current.map((held) => ({ held })));
       expect(current.every((d) => acked.has(d))).toBe(true);
       for (const id of ids) expect(await h.row(id)).toBeUndefined();
@@ -223,13 +231,16 @@ export function leaseStoreContract(name: string, harness: () => LeaseStoreHarnes
       const running = await one.lease(10);
       await h.expireLeases();
       // The same worker, still running both deliveries: its next fetch leaves them alone.
-      expect((await one.lease(10, undefined, [running.token])).rows).toEqual([]);
+      expect((await one.leaseAlone([running.token])).rows).toEqual([]);
+      expect(await one.suspectsWaiting([running.token])).toBe(false);
       const kept = deliveries(running.token, ids);
       expect((await one.renew(kept)).count).toBe(2);
       for (const id of ids) expect((await h.row(id))?.deliveries).toBe(1);
-      // Another worker knows nothing of that token: an expired lease is fair game for it.
+      // Another worker knows nothing of that token: an expired lease is fair game for it (alone).
       await h.expireLeases();
-      expect((await two.lease(10)).rows.map((r) => r.id)).toEqual(ids);
+      expect([(await two.leaseAlone()).rows, (await two.leaseAlone()).rows].flat().map((r) => r.id)).toEqual(
+        ids,
+      );
     });
 
     it("answers per delivery when one write names current and stale deliveries", async () => {
@@ -238,11 +249,12 @@ export function leaseStoreContract(name: string, harness: () => LeaseStoreHarnes
       const [x = "", y = ""] = await h.insert("a", 2);
       const first = await store.lease(1);
       await h.expireLeases();
-      const again = await store.lease(2);
+      const againX = await store.leaseAlone();
+      const againY = await store.lease(2);
       // The same row twice: the old delivery of x, and the new deliveries of x and y.
       const staleX = { id: x, token: first.token };
-      const newX = { id: x, token: again.token };
-      const newY = { id: y, token: again.token };
+      const newX = { id: x, token: againX.token };
+      const newY = { id: y, token: againY.token };
       const landed = await store.ack([{ held: staleX }, { held: newY }]);
       expect([landed.has(staleX), landed.has(newY), landed.count]).toEqual([false, true, 1]);
       expect((await h.row(x))?.token).toBe(newX.token);
@@ -255,12 +267,13 @@ export function leaseStoreContract(name: string, harness: () => LeaseStoreHarnes
       const [y = ""] = await h.insert("a", 1, { key: "ky" });
       const first = await store.lease(1);
       await h.expireLeases();
-      const again = await store.lease(2);
+      const againX = await store.leaseAlone();
+      const againY = await store.lease(2);
       // Queue and key known, as the worker's deliveries carry them: the keyed ack that reads no row first.
       const keyed = (id: string, token: string, key: string): Delivery => ({ id, token, queue: "a", key });
       const staleX = keyed(x, first.token, "kx");
-      const newX = keyed(x, again.token, "kx");
-      const newY = keyed(y, again.token, "ky");
+      const newX = keyed(x, againX.token, "kx");
+      const newY = keyed(y, againY.token, "ky");
       const landed = await store.ack([{ held: staleX }, { held: newX }, { held: newY }]);
       expect([landed.has(staleX), landed.has(newX), landed.has(newY), landed.count]).toEqual([
         false,
