@@ -7,11 +7,10 @@
 // is in a ledger on the server clock; the checks read it afterwards: every copy handled by the queue it was
 // meant for, and per (queue, key) the executions never overlap and follow id order (which is publish
 // order), each starting only after the previous message's last execution ended.
-import { type ChildProcess, spawn } from "node:child_process";
-import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { subscribe } from "../../src/index.js";
 import { testDatabase } from "../support/database.js";
+import { type OrderedChild, startOrderedChild } from "../support/ordered-children.js";
 import { publisherFor, until } from "../support/worker.js";
 
 const db = testDatabase("tkop");
@@ -24,43 +23,20 @@ const ROUNDS = 16; // two events per key per round
 const PER_KEY = ROUNDS * 2;
 const ledger = `"${db.schema}".ledger`;
 
-interface Child {
-  id: string;
-  process: ChildProcess;
-  exited: Promise<number | null>;
-  ready: Promise<void>;
-}
+type Child = OrderedChild;
 const children: Child[] = [];
 
 function startChild(id: string): Child {
-  const child = spawn(
-    process.execPath,
-    ["--import", "tsx", path.resolve("test/support/fixtures/ordered-worker.ts")],
+  return startOrderedChild(
+    id,
     {
-      env: {
-        ...process.env,
-        DATABASE_URL: db.url,
-        OUTBOX_SCHEMA: db.schema,
-        WORKER_ID: id,
-        QUEUES: QUEUES.join(","),
-        PGAPPNAME: `tkop-ledger ${id}`,
-      },
-      stdio: ["ignore", "pipe", "inherit"],
+      DATABASE_URL: db.url,
+      OUTBOX_SCHEMA: db.schema,
+      QUEUES: QUEUES.join(","),
+      PGAPPNAME: `tkop-ledger ${id}`,
     },
+    children,
   );
-  const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
-  const ready = new Promise<void>((resolve, reject) => {
-    let out = "";
-    child.stdout?.on("data", (chunk: Buffer) => {
-      out += chunk.toString();
-      if (out.includes("ready\n")) resolve();
-    });
-    child.once("exit", (code, signal) => reject(new Error(`${id} exited before ready (${code ?? signal})`)));
-  });
-  ready.catch(() => {});
-  const c = { id, process: child, exited, ready };
-  children.push(c);
-  return c;
 }
 
 /** Seeded, so a run's topics and failing events can be reproduced. */

@@ -4,10 +4,9 @@
 // mode) or its batches' transactions (transaction mode) are gone and the other has moved on, then continued.
 // The ledger (test/support/fixtures/ordered-worker.ts, server clock) then shows, per key, handler starts in
 // id order, and no start by the frozen worker after it resumed of a message the other had already handled.
-import { type ChildProcess, spawn } from "node:child_process";
-import path from "node:path";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { testDatabase } from "../support/database.js";
+import { type OrderedChild, startOrderedChild } from "../support/ordered-children.js";
 import { publisherFor, until } from "../support/worker.js";
 
 const db = testDatabase("frozen");
@@ -18,47 +17,24 @@ const PER_KEY = 12;
 const TOTAL = KEYS * PER_KEY;
 const TTL = 2000;
 
-interface Child {
-  id: string;
-  process: ChildProcess;
-  exited: Promise<number | null>;
-  ready: Promise<void>;
-}
+type Child = OrderedChild;
 const children: Child[] = [];
 
 function startChild(id: string, leaseMode: string): Child {
-  const child = spawn(
-    process.execPath,
-    ["--import", "tsx", path.resolve("test/support/fixtures/ordered-worker.ts")],
+  return startOrderedChild(
+    id,
     {
-      env: {
-        ...process.env,
-        DATABASE_URL: db.url,
-        OUTBOX_SCHEMA: db.schema,
-        WORKER_ID: id,
-        LEASE_MODE: leaseMode,
-        // Few slots behind a long local queue: most of what the frozen worker holds is queued, not running.
-        CONCURRENCY: "2",
-        BATCH_SIZE: "40",
-        LEASE_TTL_MS: String(TTL),
-        PGAPPNAME: `frozen-ledger ${id}`,
-      },
-      stdio: ["ignore", "pipe", "inherit"],
+      DATABASE_URL: db.url,
+      OUTBOX_SCHEMA: db.schema,
+      LEASE_MODE: leaseMode,
+      // Few slots behind a long local queue: most of what the frozen worker holds is queued, not running.
+      CONCURRENCY: "2",
+      BATCH_SIZE: "40",
+      LEASE_TTL_MS: String(TTL),
+      PGAPPNAME: `frozen-ledger ${id}`,
     },
+    children,
   );
-  const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
-  const ready = new Promise<void>((resolve, reject) => {
-    let out = "";
-    child.stdout?.on("data", (chunk: Buffer) => {
-      out += chunk.toString();
-      if (out.includes("ready\n")) resolve();
-    });
-    child.once("exit", (code, signal) => reject(new Error(`${id} exited before ready (${code ?? signal})`)));
-  });
-  ready.catch(() => {});
-  const c = { id, process: child, exited, ready };
-  children.push(c);
-  return c;
 }
 
 const count = async (sql: string, params: unknown[] = []) =>

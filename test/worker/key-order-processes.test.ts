@@ -4,10 +4,9 @@
 // server clock (see test/support/fixtures/ordered-worker.ts); the checks read the ledger afterwards: every message
 // handled, and per key the executions never overlap and follow id order, each starting only after the
 // previous message's last execution ended.
-import { type ChildProcess, spawn } from "node:child_process";
-import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { testDatabase } from "../support/database.js";
+import { type OrderedChild, startOrderedChild } from "../support/ordered-children.js";
 import { publisherFor, until } from "../support/worker.js";
 
 const db = testDatabase("kop");
@@ -18,43 +17,20 @@ const PER_KEY = 50;
 const TOTAL = KEYS * PER_KEY;
 const ledger = `"${db.schema}".ledger`;
 
-interface Child {
-  id: string;
-  process: ChildProcess;
-  exited: Promise<number | null>;
-  ready: Promise<void>;
-}
+type Child = OrderedChild;
 const children: Child[] = [];
 
 function startChild(id: string): Child {
-  const child = spawn(
-    process.execPath,
-    ["--import", "tsx", path.resolve("test/support/fixtures/ordered-worker.ts")],
+  return startOrderedChild(
+    id,
     {
-      env: {
-        ...process.env,
-        DATABASE_URL: db.url,
-        OUTBOX_SCHEMA: db.schema,
-        WORKER_ID: id,
-        // Names the child's ledger sessions after it too (the worker names its own).
-        PGAPPNAME: `kop-ledger ${id}`,
-      },
-      stdio: ["ignore", "pipe", "inherit"],
+      DATABASE_URL: db.url,
+      OUTBOX_SCHEMA: db.schema,
+      // Names the child's ledger sessions after it too (the worker names its own).
+      PGAPPNAME: `kop-ledger ${id}`,
     },
+    children,
   );
-  const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
-  const ready = new Promise<void>((resolve, reject) => {
-    let out = "";
-    child.stdout?.on("data", (chunk: Buffer) => {
-      out += chunk.toString();
-      if (out.includes("ready\n")) resolve();
-    });
-    child.once("exit", (code, signal) => reject(new Error(`${id} exited before ready (${code ?? signal})`)));
-  });
-  ready.catch(() => {});
-  const c = { id, process: child, exited, ready };
-  children.push(c);
-  return c;
 }
 
 /** Seeded, so a run's set of failing messages can be reproduced. */
