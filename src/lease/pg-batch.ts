@@ -146,6 +146,15 @@ export function createBatchLeaser(options: BatchLeaseOptions): BatchLeaser {
 WHERE id = ANY ($1::bigint[])`,
     (p) => [p.ids],
   );
+  // A handler that ran past the stop's timeout ended without an outcome, as in a crash: its row is left held
+  // through one (leased alone next, as a token lease left to expire is).
+  const countRanWithout = defineQuery<{ ids: string }, never>(
+    "lease_count_ran_without",
+    `UPDATE ${names.messages} AS t SET deliveries_count = LEAST(t.deliveries_count, 2147483646) + 1,
+  ${suspectSet("$2")}
+WHERE t.id = ANY ($1::bigint[])`,
+    (p) => [p.ids, options.workerId],
+  );
   // One round trip: the transaction, its bound on idling, and its commit's WAL wait.
   const begin = statement(
     "lease_batch_begin",
@@ -425,12 +434,12 @@ FOR UPDATE OF t SKIP LOCKED`,
     });
     // A retry, a dead-letter move or a delivery that ran without an outcome counts the delivery, as the token
     // lease counted it when it leased the row (an ack deletes the row: nothing to count).
-    const counted = [
-      ...outcomes.retries.map((w) => w.held.id),
-      ...outcomes.dead.map((w) => w.held.id),
-      ...outcomes.ranWithout.map((d) => d.id),
-    ];
+    const counted = [...outcomes.retries.map((w) => w.held.id), ...outcomes.dead.map((w) => w.held.id)];
     if (counted.length > 0) await runQuery(client, countDelivery, { ids: plainArray(counted) }, opts());
+    if (outcomes.ranWithout.length > 0) {
+      const ids = plainArray(outcomes.ranWithout.map((d) => d.id));
+      await runQuery(client, countRanWithout, { ids }, opts());
+    }
     if (outcomes.owed && outcomes.owed.length > 0) {
       const owed = outcomes.owed;
       await runQuery(

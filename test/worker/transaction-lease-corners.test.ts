@@ -104,4 +104,39 @@ describe("leaseMode transaction, in the corners", () => {
     for (const id of ids.filter((x) => x !== first.id))
       expect({ id, runs: runsOf(id).map((s) => s.deliveries) }).toEqual({ id, runs: [first.deliveries] });
   });
+
+  it("a handler that runs past the stop's timeout leaves its row held through a crash: leased again only alone", async () => {
+    const [id] = await publish(1);
+    let started!: () => void;
+    const running = new Promise<void>((resolve) => {
+      started = resolve;
+    });
+    let hang!: () => void;
+    const hung = new Promise<void>((resolve) => {
+      hang = resolve;
+    });
+    const worker = await workers.start({
+      leaseMode: "transaction",
+      workerId: "txcorner-stop",
+      queues: {
+        q: async () => {
+          started();
+          await hung; // ignores its signal: the stop gives up on it
+        },
+      },
+    });
+    await running;
+    const result = await worker.stop({ timeoutMs: 100 });
+    hang();
+    expect(result).toMatchObject({ drained: false });
+    // Counted, and an expired lease in the worker's name: no batch takes it, a lease of its own does.
+    const { rows } = await db.pool.query(
+      `SELECT deliveries_count, acquired_by, acquired_token IS NOT NULL AS leased, lease_expires_at <= now() AS expired
+       FROM ${m} WHERE id = $1`,
+      [id],
+    );
+    expect(rows).toEqual([
+      { deliveries_count: 1, acquired_by: "txcorner-stop", leased: true, expired: true },
+    ]);
+  });
 });
