@@ -45,7 +45,8 @@ CREATE TABLE outbox.lease_guards (
   ids bigint[] NOT NULL,
   xid xid8 NOT NULL,
   worker text NOT NULL,
-  created_at timestamp with time zone DEFAULT now() NOT NULL
+  created_at timestamp with time zone DEFAULT now() NOT NULL,
+  alone boolean DEFAULT false NOT NULL
 );
 ALTER TABLE outbox.lease_guards ADD CONSTRAINT lease_guards_pkey PRIMARY KEY (id);
 

@@ -91,8 +91,8 @@ export interface HeldBatch {
   /** Called once, when the connection is seen to end before the batch's commit or rollback. */
   onEnded(listener: (error: Error) => void): void;
   /**
-   * After the batch failed: the guard names only `ids` (the rows that ran while the batch may already have
-   * been gone), so the repair counts a delivery on those and not on rows that never started; then waits
+   * After the batch failed: the guard names only `ids` (the rows that ran in it), so the repair charges and
+   * leaves to run alone those, not the rows that never started (`alone` when one row alone ran); then waits
    * (at most a query timeout) for the server to have ended the transaction, so that the repair can count
    * it. Best effort: never throws.
    */
@@ -129,10 +129,10 @@ export function createBatchLeaser(options: BatchLeaseOptions): BatchLeaser {
   const selectAlone = heldAloneStatement(names);
   const suspects = suspectsWaitingStatement(names);
   const guards = `${names.quotedSchema}.lease_guards`;
-  const insertGuard = defineQuery<{ ids: string; xid: string }, { id: string }>(
+  const insertGuard = defineQuery<{ ids: string; xid: string; alone: boolean }, { id: string }>(
     "lease_guard",
-    `INSERT INTO ${guards} (ids, xid, worker) VALUES ($1::bigint[], $2::xid8, $3) RETURNING id::text AS id`,
-    (p) => [p.ids, p.xid, options.workerId],
+    `INSERT INTO ${guards} (ids, xid, worker, alone) VALUES ($1::bigint[], $2::xid8, $3, $4) RETURNING id::text AS id`,
+    (p) => [p.ids, p.xid, options.workerId, p.alone],
   );
   // The guard's delete and the COMMIT in one round trip (the simple protocol: several statements, no
   // parameters). The id is the bigint the guard's INSERT returned, checked to be digits before it is spliced.
@@ -167,7 +167,10 @@ WHERE t.id = ANY ($1::bigint[])`,
     "lease_guard_narrow",
     // Narrowed, never widened: a row a later batch of this worker already counted has been struck from it.
     `WITH narrowed AS (
-  UPDATE ${guards} SET ids = ARRAY(SELECT x FROM unnest(ids) AS x WHERE x = ANY ($2::bigint[])) WHERE id = $1::bigint
+  UPDATE ${guards} AS k SET ids = n.ids, alone = cardinality(n.ids) = 1
+  FROM (SELECT ARRAY(SELECT x FROM unnest(g.ids) AS x WHERE x = ANY ($2::bigint[])) AS ids
+        FROM ${guards} AS g WHERE g.id = $1::bigint) AS n
+  WHERE k.id = $1::bigint
 )
 SELECT pg_xact_status($3::xid8) IS DISTINCT FROM 'in progress' AS done`,
     (p) => [p.id, p.ids, p.xid],
@@ -177,9 +180,10 @@ SELECT pg_xact_status($3::xid8) IS DISTINCT FROM 'in progress' AS done`,
   const strike = defineQuery<{ guards: string; ids: string }, never>(
     "lease_guard_strike",
     `WITH g AS (
-  SELECT id, ids, worker FROM ${guards} WHERE id = ANY ($1::bigint[]) AND ids && $2::bigint[] FOR UPDATE
+  SELECT id, ids, worker, alone FROM ${guards} WHERE id = ANY ($1::bigint[]) AND ids && $2::bigint[] FOR UPDATE
 ), named AS (
-  SELECT u.id, count(*)::int AS n, min(g.worker) AS worker FROM g CROSS JOIN LATERAL unnest(g.ids) AS u(id)
+  SELECT u.id, ((bool_or(NOT g.alone))::int + count(*) FILTER (WHERE g.alone))::int AS n, min(g.worker) AS worker
+  FROM g CROSS JOIN LATERAL unnest(g.ids) AS u(id)
   WHERE u.id = ANY ($2::bigint[]) GROUP BY u.id
 ), struck AS (
   UPDATE ${guards} AS k SET ids = ARRAY(SELECT x FROM unnest(k.ids) AS x WHERE x <> ALL ($2::bigint[]))
@@ -277,7 +281,7 @@ FROM named AS n WHERE t.id = n.id`,
         const [inserted] = await runQuery(
           options.pool(),
           insertGuard,
-          { ids: plainArray(rows.map((r) => r.id)), xid: first.xid },
+          { ids: plainArray(rows.map((r) => r.id)), xid: first.xid, alone },
           opts(),
         );
         guard = (inserted as { id: string }).id;

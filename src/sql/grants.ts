@@ -264,8 +264,8 @@ const RIGHTS: Readonly<Record<GrantOption, readonly Right[]>> = {
     ...WORKER_FUNCTIONS.map(fn),
     // Transaction-held leases (migration 0023): a guard per batch, its repair after a crash.
     table("lease_guards", "SELECT"),
-    table("lease_guards", "INSERT", ["ids", "xid", "worker"]),
-    table("lease_guards", "UPDATE", ["ids"]),
+    table("lease_guards", "INSERT", ["ids", "xid", "worker", "alone"]),
+    table("lease_guards", "UPDATE", ["ids", "alone"]),
     table("lease_guards", "DELETE"),
     // The inbox of queues configured with one (migration 0016): the check, the record, and its retention
     // (deletes through expire_inbox, as the owner: no DELETE). Only the worker's own bookkeeping.

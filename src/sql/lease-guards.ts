@@ -37,12 +37,15 @@ export function repairGuardsStatement(names: OutboxNames): Query<{ limit: number
   return defineQuery(
     "repair_lease_guards",
     `WITH ended AS (
-  SELECT id, ids, worker FROM ${g}
+  SELECT id, ids, worker, alone FROM ${g}
   WHERE pg_xact_status(xid) IS DISTINCT FROM 'in progress'
   ORDER BY id LIMIT $1
   FOR UPDATE SKIP LOCKED
 ), named AS (
-  SELECT u.id, count(*)::int AS n, min(e.worker) AS worker
+  -- Which row of a crashed batch of several crashed it is unknown: each is charged that crash once, however
+  -- many such batches held it before a repair marked it (a batch leasing it in between is no fault of its),
+  -- and left to run alone (suspectSet), where each crash is its own and is charged.
+  SELECT u.id, ((bool_or(NOT e.alone))::int + count(*) FILTER (WHERE e.alone))::int AS n, min(e.worker) AS worker
   FROM ended AS e CROSS JOIN LATERAL unnest(e.ids) AS u(id) GROUP BY u.id
 ), free AS (
   SELECT t.id FROM ${m} AS t WHERE t.id IN (SELECT id FROM named) FOR UPDATE SKIP LOCKED

