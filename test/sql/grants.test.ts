@@ -73,8 +73,9 @@ describe("grantStatements", () => {
     const updates = sql.filter((x) => x.includes("UPDATE"));
     expect(updates).toEqual([
       'GRANT UPDATE (acquired_token, acquired_at, lease_expires_at, acquired_by, available_at, deliveries_count, attempts_count, failures_count, first_attempt_at, last_attempt_at, last_error, head) ON "s".messages TO "w"',
-      // A transaction-held batch's guard: the repair keeps the ids of rows still locked (migration 0023).
-      'GRANT UPDATE (ids) ON "s".lease_guards TO "w"',
+      // A transaction-held batch's guard: the repair keeps the ids of rows still locked (migration 0023), a
+      // live worker narrows its failed batch's guard to the rows that ran (migration 0026).
+      'GRANT UPDATE (ids, alone) ON "s".lease_guards TO "w"',
     ]);
     expect(sql.join("\n")).not.toMatch(/(INSERT|UPDATE|DELETE)[^\n]*dead_letters/);
     expect(sql).toContain(
